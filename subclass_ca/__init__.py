@@ -1,0 +1,63 @@
+"""subclass_ca: compiled autograd for wrapper tensor subclasses.
+
+The whole public API is imported here; everything else is private or a submodule
+(``subclass_ca.testing`` for the testing kit).
+"""
+
+from __future__ import annotations
+
+from . import handlers as _builtin_handlers  # noqa: F401  (registers the built-in handlers)
+from ._capture import named_callables, recipe_count
+from ._compat import SUPPORTED_TORCH, TORCH_VERSION
+from .api import enable, reset
+from .config import Config
+from .diagnostics import CaptureReport, clear_reports, last_report, reports
+from .errors import (
+    DuplicateHandlerError,
+    FSDP2UnsupportedError,
+    MetadataMismatchError,
+    RebuildError,
+    RegistrationError,
+    SubclassCAError,
+    UnsupportedSubclassError,
+    UnsupportedTorchError,
+)
+from .handler import MODES, Handler
+from .registry import get_handler, handler, handlers, register_handler, unregister_handler
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # capture
+    "enable",
+    "reset",
+    "Config",
+    # handlers
+    "register_handler",
+    "handler",
+    "unregister_handler",
+    "get_handler",
+    "handlers",
+    "Handler",
+    "MODES",
+    # diagnostics
+    "CaptureReport",
+    "last_report",
+    "reports",
+    "clear_reports",
+    "named_callables",
+    "recipe_count",
+    # errors
+    "SubclassCAError",
+    "UnsupportedTorchError",
+    "RegistrationError",
+    "DuplicateHandlerError",
+    "RebuildError",
+    "MetadataMismatchError",
+    "UnsupportedSubclassError",
+    "FSDP2UnsupportedError",
+    # versions
+    "TORCH_VERSION",
+    "SUPPORTED_TORCH",
+    "__version__",
+]

@@ -1,0 +1,324 @@
+"""Every touch of torch private API lives here, feature-detected.
+
+A torch upgrade that moves one of these pieces breaks in this module only, and
+``require_support()`` turns the breakage into one :class:`UnsupportedTorchError`
+naming the torch version and the missing piece (raised by ``enable()`` before any
+backward runs).  See Note [How we hook the backward epilogue] in ``_capture.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from .errors import UnsupportedTorchError
+
+__all__ = [
+    "TORCH_VERSION",
+    "SUPPORTED_TORCH",
+    "require_support",
+    "missing_features",
+]
+
+TORCH_VERSION: str = torch.__version__
+#: The torch versions this module has been written and tested against.
+SUPPORTED_TORCH: str = ">=2.13,<2.14"
+
+_AOT_BACKWARD_PARAMS = ("pinputs", "psaved_tensors", "saved_tensors", "pctx", "ctx")
+_CREATION_META_FIELDS = (
+    "flat_tensor_start_idx",
+    "arg_count",
+    "attrs",
+    "outer_size",
+    "outer_stride",
+    "meta",
+    "original_subclass_type",
+)
+
+
+def _lookup(dotted: str) -> Any:
+    module_name, _, attr_path = dotted.partition(":")
+    value: Any = importlib.import_module(module_name)
+    for part in attr_path.split(".") if attr_path else ():
+        value = getattr(value, part)
+    return value
+
+
+_REQUIRED = {
+    "compiled autograd entry point": "torch._dynamo.compiled_autograd:_enable",
+    "compiled autograd compiler instance": "torch._dynamo.compiled_autograd:AutogradCompilerInstance",
+    "AOT backward proxy": "torch._dynamo.compiled_autograd:AutogradCompilerInstance.proxy_call_aot_backward",
+    "AOT backward module extraction": "torch._dynamo.compiled_autograd:extract_bw_module",
+    "AOT subclass creation metadata": "torch._functorch._aot_autograd.schemas:SubclassCreationMeta",
+    "AOT plain tensor metadata": "torch._functorch._aot_autograd.schemas:PlainTensorMeta",
+    "AOT epilogue wrapper": "torch._functorch._aot_autograd.subclass_utils:wrap_tensor_subclasses",
+    "proxy-mode suspension": "torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing",
+    "fake-mode suspension": "torch._subclasses.fake_tensor:unset_fake_temporarily",
+    "fake-mode detection": "torch._guards:detect_fake_mode",
+    "allow_in_graph": "torch._dynamo:allow_in_graph",
+    "dynamo disable": "torch._dynamo:disable",
+    "traceable wrapper subclass protocol": "torch.utils._python_dispatch:is_traceable_wrapper_subclass",
+    "dynamo counters": "torch._dynamo.utils:counters",
+}
+
+
+@functools.cache
+def missing_features() -> tuple[str, ...]:
+    """Names of the torch internals subclass_ca needs that this torch lacks."""
+    missing = []
+    for name, dotted in _REQUIRED.items():
+        try:
+            _lookup(dotted)
+        except (ImportError, AttributeError):
+            missing.append(f"{name} ({dotted})")
+    if not missing:
+        method = _lookup(_REQUIRED["AOT backward proxy"])
+        params = tuple(inspect.signature(method).parameters)
+        if not all(p in params for p in _AOT_BACKWARD_PARAMS):
+            missing.append(f"AOT backward proxy signature (got {params})")
+        epilogue_wrap = _lookup(_REQUIRED["AOT epilogue wrapper"])
+        if "make_subclass_override" not in inspect.signature(epilogue_wrap).parameters:
+            missing.append("make_subclass_override parameter of wrap_tensor_subclasses")
+        meta_cls = _lookup(_REQUIRED["AOT subclass creation metadata"])
+        fields = getattr(meta_cls, "__dataclass_fields__", {})
+        missing += [f"SubclassCreationMeta.{f}" for f in _CREATION_META_FIELDS if f not in fields]
+    return tuple(missing)
+
+
+def require_support() -> None:
+    """Raise :class:`UnsupportedTorchError` unless every needed internal exists."""
+    missing = missing_features()
+    if missing:
+        raise UnsupportedTorchError(
+            f"subclass_ca needs torch {SUPPORTED_TORCH}; torch {TORCH_VERSION} lacks: "
+            + "; ".join(missing)
+            + ". Install a supported torch (pip install torch==2.13.0) or file an issue "
+            "naming this torch version."
+        )
+
+
+# --- compiled autograd -------------------------------------------------------
+
+
+def compiled_autograd_module() -> Any:
+    return _lookup("torch._dynamo.compiled_autograd")
+
+
+def enable_compiled_autograd(compiler_fn: Callable[..., Any], *, dynamic: bool) -> Any:
+    """torch's own context manager that routes ``backward()`` through compiled autograd."""
+    return compiled_autograd_module()._enable(compiler_fn, dynamic=dynamic)
+
+
+def compiled_autograd_state() -> dict[str, Any]:
+    """Module-level compiled-autograd flags, for exact save/restore checks."""
+    ca = compiled_autograd_module()
+    return {
+        name: getattr(ca, name)
+        for name in ("compiled_autograd_enabled", "in_compiled_autograd_region", "depth")
+        if hasattr(ca, name)
+    }
+
+
+def reset_compiled_autograd() -> None:
+    """Drop compiled autograd's graph cache (forces the next backward to recapture)."""
+    compiled_autograd_module().reset()
+
+
+def ca_counters() -> dict[str, int]:
+    return dict(_lookup("torch._dynamo.utils:counters")["compiled_autograd"])
+
+
+def allowed_callable_count() -> int | None:
+    """Size of Dynamo's allow_in_graph id set (None where torch hides it)."""
+    try:
+        ids = _lookup("torch._dynamo.trace_rules:_allowed_callable_ids")
+    except (ImportError, AttributeError):
+        return None
+    try:
+        return len(ids())
+    except TypeError:
+        return len(ids)
+
+
+class AotBackwardPatch:
+    """Replace ``AutogradCompilerInstance.proxy_call_aot_backward`` with a wrapper.
+
+    ``wrapper(original, compiler, ctx, call)`` gets the original method, the compiler
+    instance, the autograd ctx of the AOT backward node and a zero-argument ``call``
+    that runs the original with the same arguments.
+    """
+
+    def __init__(self, wrapper: Callable[..., Any]) -> None:
+        self._wrapper = wrapper
+        self._cls = _lookup(_REQUIRED["compiled autograd compiler instance"])
+        self._original: Any = None
+
+    def install(self) -> None:
+        original = self._cls.__dict__["proxy_call_aot_backward"]
+        signature = inspect.signature(original)
+        wrapper = self._wrapper
+
+        @functools.wraps(original)
+        def proxy_call_aot_backward(compiler: Any, *args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(compiler, *args, **kwargs)
+            return wrapper(
+                compiler, bound.arguments["ctx"], lambda: original(compiler, *args, **kwargs)
+            )
+
+        proxy_call_aot_backward.__subclass_ca_original__ = original  # type: ignore[attr-defined]
+        self._original = original
+        self._cls.proxy_call_aot_backward = proxy_call_aot_backward
+
+    def uninstall(self) -> None:
+        self._cls.proxy_call_aot_backward = self._original
+
+    @staticmethod
+    def current() -> Any:
+        cls = _lookup(_REQUIRED["compiled autograd compiler instance"])
+        return cls.__dict__["proxy_call_aot_backward"]
+
+
+@contextlib.contextmanager
+def swapped_epilogue(ctx: Any, make_epilogue: Callable[[Any], Any]) -> Iterator[None]:
+    """Temporarily replace the AOT function's backward epilogue for one trace."""
+    forward_cls = ctx._forward_cls
+    original = forward_cls.__dict__.get("_bw_epilogue_fn")
+    inherited = original is None
+    if inherited:
+        original = forward_cls._bw_epilogue_fn
+    forward_cls._bw_epilogue_fn = make_epilogue(original)
+    try:
+        yield
+    finally:
+        if inherited:
+            del forward_cls._bw_epilogue_fn
+        else:
+            forward_cls._bw_epilogue_fn = original
+
+
+def has_subclass_grads(ctx: Any) -> bool:
+    forward_cls = getattr(ctx, "_forward_cls", None)
+    return getattr(forward_cls, "maybe_subclass_metadata", None) is not None
+
+
+def aot_id(ctx: Any) -> Any:
+    return getattr(ctx._forward_cls, "_aot_id", None)
+
+
+def backward_output_examples(ctx: Any) -> list[Any] | None:
+    """The AOT backward graph's output values (fake tensors/symints) recorded at trace time."""
+    extract = _lookup(_REQUIRED["AOT backward module extraction"])
+    try:
+        bw_module = extract(ctx._forward_cls)
+    except Exception:  # noqa: BLE001 - lazily compiled or cached backward: no graph
+        return None
+    graph = getattr(bw_module, "graph", None)
+    if graph is None:
+        return None
+    output = next((n for n in graph.nodes if n.op == "output"), None)
+    if output is None:
+        return None
+    values = []
+    for arg in output.args[0]:
+        if isinstance(arg, torch.fx.Node):
+            if "val" not in arg.meta:
+                return None
+            values.append(arg.meta["val"])
+        else:
+            values.append(arg)
+    return values
+
+
+def creation_meta_types() -> tuple[type, type, type | None]:
+    """(SubclassCreationMeta, PlainTensorMeta, OpaqueMeta or None)."""
+    schemas = _lookup("torch._functorch._aot_autograd.schemas")
+    return schemas.SubclassCreationMeta, schemas.PlainTensorMeta, getattr(schemas, "OpaqueMeta", None)
+
+
+# --- tracing helpers ---------------------------------------------------------
+
+
+def to_proxy(compiler: Any, value: Any) -> Any:
+    return compiler.to_proxy(value)
+
+
+def create_call_node(compiler: Any, target: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    return compiler.fx_tracer.create_proxy(
+        kind="call_function", target=target, args=tuple(args), kwargs=kwargs
+    )
+
+
+def bind_dummy(compiler: Any, dummy: torch.Tensor, proxy: Any) -> None:
+    compiler.bind_objects_to_proxies([dummy], [proxy])
+
+
+@contextlib.contextmanager
+def outside_tracing() -> Iterator[None]:
+    """Suspend compiled autograd's proxy and fake modes (to run real/foreign-fake code)."""
+    disable_proxy = _lookup("torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing")
+    unset_fake = _lookup("torch._subclasses.fake_tensor:unset_fake_temporarily")
+    with disable_proxy(), unset_fake():
+        yield
+
+
+@contextlib.contextmanager
+def without_proxy_tracing() -> Iterator[None]:
+    disable_proxy = _lookup("torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing")
+    with disable_proxy():
+        yield
+
+
+def fake_mode_of(values: Sequence[Any]) -> Any:
+    return _lookup("torch._guards:detect_fake_mode")(list(values))
+
+
+def size_hint(value: Any) -> Any:
+    """A concrete int for a SymInt (its hint); ints and None pass through."""
+    if isinstance(value, torch.SymInt):
+        return value.node.hint if value.node.has_hint() else value.node.require_hint()
+    return value
+
+
+def allow_in_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return _lookup("torch._dynamo:allow_in_graph")(fn)
+
+
+def dynamo_disable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return _lookup("torch._dynamo:disable")(fn)
+
+
+def is_traceable_wrapper_subclass(value: Any) -> bool:
+    return bool(_lookup("torch.utils._python_dispatch:is_traceable_wrapper_subclass")(value))
+
+
+def is_traceable_wrapper_subclass_type(cls: type) -> bool:
+    checker = getattr(
+        importlib.import_module("torch.utils._python_dispatch"),
+        "is_traceable_wrapper_subclass_type",
+        None,
+    )
+    if checker is not None:
+        return bool(checker(cls))
+    return hasattr(cls, "__tensor_flatten__") and hasattr(cls, "__tensor_unflatten__")
+
+
+def dynamo_config_snapshot() -> dict[str, Any]:
+    return dict(torch._dynamo.config.get_config_copy())
+
+
+def functorch_config_snapshot() -> dict[str, Any]:
+    return dict(_lookup("torch._functorch:config").get_config_copy())
+
+
+def two_tensor_type() -> type | None:
+    """torch's reference TwoTensor (lives in torch.testing._internal), or None."""
+    try:
+        return _lookup("torch.testing._internal.two_tensor:TwoTensor")
+    except (ImportError, AttributeError):
+        return None

@@ -1,0 +1,49 @@
+"""The validated settings of one ``enable()`` block."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Config", "ON_UNSUPPORTED"]
+
+ON_UNSUPPORTED: tuple[str, ...] = ("error", "eager")
+_RESERVED_COMPILE_KWARGS = ("backend", "fullgraph")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Settings of one ``subclass_ca.enable()`` block (frozen; validated on creation)."""
+
+    backend: str | Callable[..., Any] = "aot_eager"
+    """Anything ``torch.compile(backend=...)`` accepts: a name or a ``(gm, example_inputs)`` callable."""
+    compile_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for ``torch.compile`` of the CA graph (not backend/fullgraph)."""
+    dynamic: bool = True
+    """Whether compiled autograd treats sizes in the autograd graph as dynamic (torch's default)."""
+    strict: bool = False
+    """Check every rebuilt subclass against the metadata recorded at capture; raise on mismatch."""
+    on_unsupported: str = "error"
+    """An unregistered subclass whose constructor cannot be traced: "error" raises, "eager" rebuilds it opaquely."""
+    report: bool = False
+    """Log a capture report (see ``subclass_ca.last_report()``) after every capture."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.backend, str) or callable(self.backend)):
+            raise ValueError(f"Config.backend must be a backend name or a callable, got {self.backend!r}")
+        if isinstance(self.backend, str) and not self.backend:
+            raise ValueError("Config.backend must not be empty; use e.g. 'aot_eager' or 'inductor'")
+        if not isinstance(self.compile_kwargs, Mapping):
+            raise ValueError(f"Config.compile_kwargs must be a mapping, got {type(self.compile_kwargs).__name__}")
+        reserved = [k for k in _RESERVED_COMPILE_KWARGS if k in self.compile_kwargs]
+        if reserved:
+            raise ValueError(
+                f"Config.compile_kwargs must not set {reserved}: pass backend= directly; fullgraph is chosen by "
+                "subclass_ca (True unless an opaque handler forces a graph break)"
+            )
+        for name in ("dynamic", "strict", "report"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.on_unsupported not in ON_UNSUPPORTED:
+            raise ValueError(f"Config.on_unsupported: got {self.on_unsupported!r}, allowed values are {ON_UNSUPPORTED}")

@@ -1,0 +1,50 @@
+"""One exception hierarchy for subclass_ca.
+
+Every message names the offending subclass or handler and says what to do next,
+so a user never has to read our source to fix their code.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SubclassCAError",
+    "UnsupportedTorchError",
+    "RegistrationError",
+    "DuplicateHandlerError",
+    "RebuildError",
+    "MetadataMismatchError",
+    "UnsupportedSubclassError",
+    "FSDP2UnsupportedError",
+]
+
+
+class SubclassCAError(RuntimeError):
+    """Base class of every error subclass_ca raises on purpose."""
+
+
+class UnsupportedTorchError(SubclassCAError):
+    """The installed torch lacks an internal hook subclass_ca needs."""
+
+
+class RegistrationError(SubclassCAError, TypeError):
+    """A handler registration was invalid (wrong class, signature or mode)."""
+
+
+class DuplicateHandlerError(RegistrationError):
+    """A handler for this class is already registered and ``replace`` was not set."""
+
+
+class RebuildError(SubclassCAError):
+    """A handler's ``rebuild`` raised, or returned something that is not the subclass."""
+
+
+class MetadataMismatchError(RebuildError):
+    """A rebuilt subclass differs from the metadata recorded at capture (type, size, stride, dtype, device)."""
+
+
+class UnsupportedSubclassError(SubclassCAError):
+    """A subclass cannot be rebuilt inside the compiled-autograd graph."""
+
+
+class FSDP2UnsupportedError(SubclassCAError):
+    """An FSDP2 (``fully_shard``) configuration that cannot be made correct on this torch."""

@@ -1,0 +1,1 @@
+"""pytest plugin for subclass_ca (fixtures arrive with the testing kit)."""
