@@ -1,0 +1,35 @@
+"""``python -m subclass_ca {demo,check,bench}``: each subcommand lives in its own module."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+_COMMANDS = {
+    "demo": ("subclass_ca._demo", "train a small subclass model in four modes side by side"),
+    "check": ("subclass_ca.testing._cli", "certify registered and zoo subclasses; print a table"),
+    "bench": ("subclass_ca._bench", "benchmark eager / compile / stock CA / subclass_ca"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: python -m subclass_ca {" + ",".join(_COMMANDS) + "} [options]", ""]
+    lines += [f"  {name:6s} {help_text}" for name, (_, help_text) in _COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in _COMMANDS:
+        print(f"subclass_ca: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(_COMMANDS[command][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
