@@ -419,6 +419,7 @@ def _make_override(compiler: Any, examples: list[Any] | None) -> Any:
             stride = tuple(1 if s is None or s < 0 else s for s in metadata["stride"])
             dummy = torch.empty_strided(size, stride, dtype=metadata["dtype"], device=metadata["device"])
         _compat.bind_dummy(compiler, dummy, proxy)
+        proxy.node.meta["subclass_ca"] = {**metadata, "mode": mode, "recipe": recipe_id}
         diagnostics.record_subclass_node(recipe.subclass_type.__name__, mode)
         return dummy
 
