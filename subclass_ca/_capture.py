@@ -26,8 +26,9 @@ one that passes *our* override.  For each subclass-typed gradient the override:
    the handler (type, outer size/stride, dtype, device) at capture time and gives the
    traced dummy the subclass's *real* outer size, stride, dtype and device.
 
-The callables are created once per process and reused by every capture, so recaptures
-add nothing to Dynamo's allow_in_graph set.
+The callables are created once per process and reused by every capture; the stock
+prologue closure is also reused per AOT function (``_compat.stable_prologue_callables``),
+so recaptures add nothing to Dynamo's allow_in_graph set.
 """
 
 from __future__ import annotations
@@ -427,6 +428,11 @@ def _make_override(compiler: Any, examples: list[Any] | None) -> Any:
 
 
 def _proxy_call_aot_backward(compiler: Any, ctx: Any, call_original: Any) -> Any:
+    with _compat.stable_prologue_callables():
+        return _proxy_aot_backward_with_epilogue(compiler, ctx, call_original)
+
+
+def _proxy_aot_backward_with_epilogue(compiler: Any, ctx: Any, call_original: Any) -> Any:
     diagnostics.record_aot_backward()
     if not _compat.has_subclass_grads(ctx):
         return call_original()

@@ -202,6 +202,38 @@ def swapped_epilogue(ctx: Any, make_epilogue: Callable[[Any], Any]) -> Iterator[
             forward_cls._bw_epilogue_fn = original
 
 
+_stable_prologues: dict[tuple[int, ...], Any] = {}
+_PROLOGUE_NAME = "call_aot_bwd_prologue"
+
+
+@contextlib.contextmanager
+def stable_prologue_callables() -> Iterator[None]:
+    """Reuse one allow_in_graph prologue callable per AOT function across recaptures.
+
+    Stock CA wraps a fresh ``call_aot_bwd_prologue`` closure in ``allow_in_graph`` on every
+    capture, growing Dynamo's allowed-callable id set forever.  The closure only closes over
+    the AOT function's constant ``_bw_prologue_fn``, so the first one is reused.
+    """
+    dynamo = importlib.import_module("torch._dynamo")
+    original = dynamo.allow_in_graph
+
+    def allow_in_graph(fn: Any) -> Any:
+        if getattr(fn, "__name__", None) != _PROLOGUE_NAME or not getattr(fn, "__closure__", None):
+            return original(fn)
+        key = tuple(id(cell.cell_contents) for cell in fn.__closure__)
+        cached = _stable_prologues.get(key)
+        if cached is None:
+            # keep the closure alive so the ids in the key can never be reused
+            cached = _stable_prologues[key] = (original(fn), fn.__closure__)
+        return cached[0]
+
+    dynamo.allow_in_graph = allow_in_graph
+    try:
+        yield
+    finally:
+        dynamo.allow_in_graph = original
+
+
 def has_subclass_grads(ctx: Any) -> bool:
     forward_cls = getattr(ctx, "_forward_cls", None)
     return getattr(forward_cls, "maybe_subclass_metadata", None) is not None
