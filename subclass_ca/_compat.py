@@ -125,6 +125,25 @@ def compiled_autograd_state() -> dict[str, Any]:
     }
 
 
+def torch_state_snapshot() -> dict[str, Any]:
+    """Everything ``enable()`` may touch, for exact before/after comparisons in tests."""
+    setter = torch._C._dynamo.compiled_autograd.set_autograd_compiler
+    prior = setter(None, False)
+    setter(*prior)
+    dynamo = importlib.import_module("torch._dynamo")
+    compiler_cls = _lookup(_REQUIRED["compiled autograd compiler instance"])
+    return {
+        "dynamo_config": dynamo_config_snapshot(),
+        "functorch_config": functorch_config_snapshot(),
+        "compiled_autograd": compiled_autograd_state(),
+        "autograd_compiler": prior,
+        "multithreading": torch._C._is_multithreading_enabled(),
+        "proxy_call_aot_backward": compiler_cls.__dict__["proxy_call_aot_backward"],
+        "allow_in_graph": dynamo.allow_in_graph,
+        "grad_enabled": torch.is_grad_enabled(),
+    }
+
+
 def reset_compiled_autograd() -> None:
     """Drop compiled autograd's graph cache (forces the next backward to recapture)."""
     compiled_autograd_module().reset()

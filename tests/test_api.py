@@ -1,0 +1,147 @@
+"""enable(): context manager and decorator, exact state restoration, validation, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import subclass_ca
+from subclass_ca import _capture, _compat
+from subclass_ca.testing.subclasses import PairTensor, make_pair
+from tests.helpers import GraphRecorder, assert_same_grad
+
+
+def _pair_model():
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(make_pair(torch.randn(6, 6)))
+    step = torch.compile(lambda x: (x @ w).tanh().sum(), backend="aot_eager")
+    return w, step, torch.randn(4, 6)
+
+
+def test_enable_restores_state_exactly_after_normal_exit():
+    before = _compat.torch_state_snapshot()
+    w, step, x = _pair_model()
+    with subclass_ca.enable():
+        assert _compat.torch_state_snapshot() != before  # something really was switched on
+        step(x).backward()
+    assert _compat.torch_state_snapshot() == before
+    assert isinstance(w.grad, PairTensor)
+
+
+def test_enable_restores_state_exactly_after_exception():
+    before = _compat.torch_state_snapshot()
+    w, step, x = _pair_model()
+    with pytest.raises(ZeroDivisionError):
+        with subclass_ca.enable():
+            step(x).backward()
+            1 / 0
+    assert _compat.torch_state_snapshot() == before
+    assert not _capture.is_installed()
+
+
+def test_nested_enable_blocks_restore_each_level():
+    before = _compat.torch_state_snapshot()
+    w, step, x = _pair_model()
+    with subclass_ca.enable():
+        outer = _compat.torch_state_snapshot()
+        with subclass_ca.enable(strict=True):
+            step(x).backward()
+        assert _compat.torch_state_snapshot()["proxy_call_aot_backward"] is outer["proxy_call_aot_backward"]
+        assert _capture.is_installed()
+    assert _compat.torch_state_snapshot() == before
+
+
+def test_decorator_form_runs_backward_through_ca_and_restores_on_raise():
+    before = _compat.torch_state_snapshot()
+    w, step, x = _pair_model()
+
+    @subclass_ca.enable()
+    def backward_step():
+        step(x).backward()
+        return torch._dynamo.utils.counters["compiled_autograd"]["captures"]
+
+    assert backward_step() == 1
+    assert _compat.torch_state_snapshot() == before
+
+    @subclass_ca.enable()
+    def failing_step():
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        failing_step()
+    assert _compat.torch_state_snapshot() == before
+
+
+def test_same_enable_object_is_reusable_and_reentrant():
+    w, step, x = _pair_model()
+    ctx = subclass_ca.enable()
+    with ctx:
+        with ctx:
+            step(x).backward()
+        assert _capture.is_installed()
+    assert not _capture.is_installed()
+
+
+def test_backend_callable_receives_the_ca_graph():
+    w, step, x = _pair_model()
+    recorder = GraphRecorder("aot_eager")
+    with subclass_ca.enable(recorder):
+        step(x).backward()
+    assert recorder.graphs, "the backend callable was never called"
+    code = "\n".join(gm.code for gm in recorder.graphs)
+    assert "subclass_ca_make_PairTensor" in code  # Dynamo keeps our callable's qualified name
+
+
+def test_grads_match_eager_through_enable():
+    torch.manual_seed(0)
+    dense_w, x = torch.randn(6, 6), torch.randn(4, 6)
+    eager_w = torch.nn.Parameter(make_pair(dense_w))
+    (x @ eager_w).tanh().sum().backward()
+    ca_w = torch.nn.Parameter(make_pair(dense_w))
+    loss = torch.compile(lambda x: (x @ ca_w).tanh().sum(), backend="aot_eager")(x)
+    with subclass_ca.enable():
+        loss.backward()
+    assert_same_grad(eager_w.grad, ca_w.grad)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"backend": "no_such_backend"}, "backend"),
+        ({"backend": 3}, "backend"),
+        ({"on_unsupported": "ignore"}, "on_unsupported"),
+        ({"strict": "yes"}, "strict"),
+        ({"dynamic": 1}, "dynamic"),
+        ({"fullgraph": False}, "fullgraph"),
+    ],
+)
+def test_invalid_arguments_raise_value_error_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        subclass_ca.enable(**kwargs)
+
+
+def test_config_is_frozen_and_keyword_only():
+    config = subclass_ca.Config(backend="aot_eager")
+    with pytest.raises(AttributeError):
+        config.strict = True  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        subclass_ca.Config("aot_eager")  # type: ignore[misc]
+
+
+def test_missing_torch_feature_fails_at_enable_naming_version_and_piece(monkeypatch):
+    monkeypatch.setitem(_compat._REQUIRED, "AOT backward proxy", "torch._dynamo.compiled_autograd:NoSuchThing")
+    _compat.missing_features.cache_clear()
+    try:
+        with pytest.raises(subclass_ca.UnsupportedTorchError) as info:
+            with subclass_ca.enable():
+                pass
+    finally:
+        monkeypatch.undo()
+        _compat.missing_features.cache_clear()
+    message = str(info.value)
+    assert torch.__version__ in message and "AOT backward proxy" in message and "pip install torch==2.13.0" in message
+    assert not _capture.is_installed()
+
+
+def test_supported_torch_has_no_missing_features():
+    assert _compat.missing_features() == ()
