@@ -205,8 +205,9 @@ def rebuild(recipe: Recipe, args: Sequence[Any]) -> torch.Tensor:
             "handler with mode='opaque' if the constructor cannot run on fake tensors."
         ) from error
     if not isinstance(result, recipe.subclass_type):
+        returned = type(result).__qualname__ if _compat.is_traceable_wrapper_subclass(result) else "a plain Tensor"
         raise RebuildError(
-            f"the {handler.name} returned {type(result).__qualname__}, expected an instance of "
+            f"the {handler.name} returned {returned}, expected an instance of "
             f"{recipe.subclass_type.__qualname__}. rebuild() must return the rebuilt subclass."
         )
     return result
@@ -316,7 +317,14 @@ class _Settings:
 _settings_stack: list[_Settings] = []
 _install_lock = threading.Lock()
 _patch: _compat.AotBackwardPatch | None = None
-_warned_fallbacks: set[type] = set()
+_warned_fallbacks: set[str] = set()
+
+
+def warn_fallback_once(subclass_name: str, reason: str) -> None:
+    """One warning per subclass per process when it falls back to opaque mode."""
+    if subclass_name not in _warned_fallbacks:
+        _warned_fallbacks.add(subclass_name)
+        warnings.warn(f"subclass_ca: {reason}. Register a handler to silence this.", stacklevel=3)
 
 
 def _active() -> _Settings:
@@ -371,9 +379,7 @@ def _capture_metadata(recipe: Recipe, examples: list[Any] | None, settings: _Set
             cls = recipe.subclass_type
             reason = f"{cls.__qualname__}: constructor cannot be traced ({error.__cause__!r}); rebuilt eagerly (opaque)"
             diagnostics.record_fallback(reason)
-            if cls not in _warned_fallbacks:
-                _warned_fallbacks.add(cls)
-                warnings.warn(f"subclass_ca: {reason}. Register a handler to silence this.", stacklevel=2)
+            warn_fallback_once(cls.__qualname__, reason)
             return _with_mode(recipe, "opaque"), _fallback_metadata(recipe, examples)
         raise UnsupportedSubclassError(
             f"{recipe.subclass_type.__qualname__} cannot be rebuilt inside the compiled-autograd graph: its "
@@ -472,3 +478,31 @@ def uninstall() -> None:
 
 def is_installed() -> bool:
     return bool(_settings_stack)
+
+
+def raised_in_rebuild(error: BaseException) -> bool:
+    """True when ``error`` (or what caused it) was raised inside one of our rebuild calls."""
+    codes = {rebuild.__code__, *(getattr(fn, "__wrapped__", fn).__code__ for fn in _callables.values())}
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code in codes:
+                return True
+            tb = tb.tb_next
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def retarget_to_opaque(graph_module: torch.fx.GraphModule) -> list[type]:
+    """Switch every make_subclass node of ours to its opaque callable; returns the subclass types."""
+    switched = []
+    for node in subclass_node_targets(graph_module.graph):
+        cls = node.target._subclass_ca_type
+        if node.target._subclass_ca_mode != "opaque":
+            node.target = _graph_callable(cls, "opaque")
+            switched.append(cls)
+    graph_module.recompile()
+    return switched

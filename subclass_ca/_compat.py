@@ -373,3 +373,9 @@ def two_tensor_type() -> type | None:
         return _lookup("torch.testing._internal.two_tensor:TwoTensor")
     except (ImportError, AttributeError):
         return None
+
+
+def is_compile_failure(error: BaseException) -> bool:
+    """True for errors Dynamo or a backend raise while *compiling* (nothing has run yet)."""
+    exc = importlib.import_module("torch._dynamo.exc")
+    return isinstance(error, exc.TorchDynamoException)

@@ -11,6 +11,7 @@ import torch
 
 from . import _capture, _compat, diagnostics
 from .config import Config
+from .errors import UnsupportedSubclassError
 
 __all__ = ["enable", "reset"]
 
@@ -20,6 +21,62 @@ def _check_backend(backend: Any) -> None:
         known = torch._dynamo.list_backends(exclude_tags=())
         if backend not in known:
             raise ValueError(f"enable(backend=...): unknown backend {backend!r}; allowed values are {sorted(known)} or a callable")
+
+
+class _CompiledCAGraph:
+    """The compiled CA graph, with one recovery path when compiling our rebuild nodes fails.
+
+    If the first call fails *while compiling* (fullgraph: nothing has run yet) and the error
+    was raised inside one of our rebuilds, ``on_unsupported="error"`` raises
+    UnsupportedSubclassError naming the subclass types (no gradient produced), and
+    ``"eager"`` recompiles the graph with those nodes opaque (one warning per subclass).
+    """
+
+    def __init__(
+        self, graph_module: torch.fx.GraphModule, config: Config, fullgraph: bool, report: diagnostics.CaptureReport
+    ) -> None:
+        self._graph_module = graph_module
+        self._config = config
+        self._report = report
+        self._compiled = self._compile(fullgraph)
+        self._checked = not fullgraph or not _capture.subclass_node_targets(graph_module.graph)
+
+    def _compile(self, fullgraph: bool) -> Any:
+        config = self._config
+        return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._checked:
+            return self._compiled(*args, **kwargs)
+        try:
+            result = self._compiled(*args, **kwargs)
+        except Exception as error:
+            if not _compat.is_compile_failure(error):
+                raise
+            return self._recover(error, args, kwargs)
+        self._checked = True
+        return result
+
+    def _recover(self, error: Exception, args: Any, kwargs: Any) -> Any:
+        if not _capture.raised_in_rebuild(error):
+            raise error
+        names = sorted({node.target._subclass_ca_type.__qualname__ for node in _capture.subclass_node_targets(self._graph_module.graph)})
+        if self._config.on_unsupported != "eager":
+            raise UnsupportedSubclassError(
+                f"compiling the compiled-autograd graph failed inside the rebuild of {names} "
+                f"({type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}). "
+                "No gradient was produced. Register a handler with a trace-safe rebuild, register it with "
+                "mode='opaque', or pass enable(on_unsupported='eager') to rebuild eagerly."
+            ) from error
+        _capture.retarget_to_opaque(self._graph_module)
+        self._compiled = self._compile(False)
+        self._checked = True
+        self._report.fullgraph = False
+        for name in names:
+            reason = f"{name}: rebuild could not be compiled ({type(error).__name__}); rebuilt eagerly (opaque)"
+            self._report.fallbacks.append(reason)
+            _capture.warn_fallback_once(name, reason)
+        return self._compiled(*args, **kwargs)
 
 
 def _make_compiler_fn(config: Config) -> Callable[[torch.fx.GraphModule], Any]:
@@ -34,7 +91,7 @@ def _make_compiler_fn(config: Config) -> Callable[[torch.fx.GraphModule], Any]:
         )
         if config.report:
             diagnostics.logger.warning("%s", report.summary())
-        return torch.compile(graph_module, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
+        return _CompiledCAGraph(graph_module, config, fullgraph, report)
 
     return compile_ca_graph
 
