@@ -1,9 +1,9 @@
 """Built-in handler for ``torch.distributed.tensor.DTensor``.
 
-A DTensor gradient is its local shard plus a ``DTensorSpec`` (mesh, placements, global
-shape/stride).  The rebuild keeps the spec from capture and the global outer size/stride
-from the AOT metadata; the metadata key is (mesh, placements, global shape, stride), so a
-change of layout gets its own graph node.
+A DTensor gradient is its local shard plus its mesh, placements and global shape/stride.
+The rebuild goes through DTensor's own protocol with the mesh passed at run time and the
+global outer size/stride from the AOT metadata; the metadata key covers placements, global
+shape/stride, dtype and shard order, so a change of layout gets its own recipe.
 """
 
 from __future__ import annotations
@@ -19,11 +19,31 @@ except ImportError:  # torch built without distributed
 
 
 def dtensor_metadata_key(ctx: Any) -> Any:
-    spec, requires_grad = ctx
-    meta = spec.tensor_meta
+    """(placements, global shape, stride, dtype, shard order, requires_grad) from the flatten context.
+
+    torch 2.13 flattens a DTensor as inner ``_local_tensor`` + ``device_mesh`` (an opaque
+    inner value, passed to the node at run time) and a context ``(placements, tensor_meta,
+    shard_order, requires_grad)``; older releases used ``(spec, requires_grad)``.
+    """
+    if len(ctx) == 2:  # (DTensorSpec, requires_grad)
+        spec, requires_grad = ctx
+        placements, meta, shard_order = spec.placements, spec.tensor_meta, getattr(spec, "shard_order", None)
+        mesh = spec.mesh
+    else:
+        placements, meta, shard_order, requires_grad = ctx
+        mesh = None
     shape = tuple(meta.shape) if meta is not None else None
     stride = tuple(meta.stride) if meta is not None else None
-    return (spec.mesh, tuple(spec.placements), shape, stride, requires_grad)
+    dtype = meta.dtype if meta is not None else None
+    return (mesh, tuple(placements), shape, stride, dtype, _hashable(shard_order), requires_grad)
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
 
 
 def rebuild_dtensor(inner: dict[str, Any], ctx: Any, outer_size: Any, outer_stride: Any) -> Any:
