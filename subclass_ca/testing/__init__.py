@@ -1,5 +1,28 @@
-"""The testing kit: certify a wrapper subclass under subclass_ca against eager."""
+"""The testing kit: certify a wrapper subclass under subclass_ca against eager.
+
+* :func:`check_subclass` runs the scenario battery on a factory and returns a :class:`CheckReport`;
+* :class:`SubclassCATestSuite` is a pytest base class configured by class attributes;
+* the pytest plugin (:mod:`subclass_ca.testing.plugin`) adds ``ca_backend`` and
+  ``assert_ca_matches_eager`` fixtures;
+* ``python -m subclass_ca check`` certifies every registered and zoo subclass from the shell.
+
+See docs/testing_kit.md.
+"""
 
 from . import subclasses
+from .scenarios import SCENARIOS, Scenario, ScenarioSkip, scenario_names
+from .suite import CheckReport, ScenarioResult, SubclassCATestSuite, SubclassSpec, check_subclass, compare_values
 
-__all__ = ["subclasses"]
+__all__ = [
+    "check_subclass",
+    "CheckReport",
+    "ScenarioResult",
+    "SubclassSpec",
+    "SubclassCATestSuite",
+    "compare_values",
+    "SCENARIOS",
+    "Scenario",
+    "ScenarioSkip",
+    "scenario_names",
+    "subclasses",
+]

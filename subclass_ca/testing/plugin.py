@@ -1,1 +1,123 @@
-"""pytest plugin for subclass_ca (fixtures arrive with the testing kit)."""
+"""pytest plugin for subclass_ca (registered through the ``pytest11`` entry point).
+
+Fixtures:
+
+* ``ca_backend`` — the backend to certify on: ``--ca-backend`` (default ``aot_eager``).
+* ``assert_ca_matches_eager`` — ``assert_ca_matches_eager(fn, *inputs, gradient=None,
+  backend=None, atol=None, rtol=None)`` runs ``fn(*inputs)`` + backward eagerly and with
+  ``torch.compile(fn)`` + ``subclass_ca.enable()``, on fresh copies of the inputs, and
+  asserts outputs, gradients, gradient types and subclass flatten contexts match.
+* ``ca_check_subclass`` — :func:`subclass_ca.testing.check_subclass` defaulting to ``ca_backend``.
+
+The plugin is loaded into every pytest run of an environment where subclass_ca is
+installed, so it imports torch and subclass_ca only when a fixture is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("subclass_ca")
+    group.addoption(
+        "--ca-backend",
+        action="store",
+        default="aot_eager",
+        help="backend for subclass_ca fixtures (ca_backend, assert_ca_matches_eager); default aot_eager",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "inductor: compiles with the inductor backend (slow first compile)")
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
+
+
+@pytest.fixture
+def ca_backend(request: pytest.FixtureRequest) -> str:
+    """The backend subclass_ca fixtures compile with (``--ca-backend``, default aot_eager)."""
+    return str(request.config.getoption("--ca-backend", default="aot_eager") or "aot_eager")
+
+
+def _fresh_copy(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        copy = value.detach().clone()
+        return copy.requires_grad_(value.requires_grad) if value.requires_grad else copy
+    return value
+
+
+def ca_matches_eager(
+    fn: Callable[..., Any],
+    *inputs: Any,
+    gradient: Any = None,
+    backend: str = "aot_eager",
+    atol: float | None = None,
+    rtol: float | None = None,
+) -> dict[str, Any]:
+    """Run ``fn`` eagerly and under subclass_ca on copies of ``inputs``; raise AssertionError on any difference.
+
+    ``fn`` must return a tensor: a scalar loss, or any tensor when ``gradient`` is given
+    (it is passed to ``backward``).  Tolerances default to bitwise on aot_eager.
+    Returns the eager and CA results (``{"eager": ..., "ca": ...}``) for further checks.
+    """
+    import torch
+
+    import subclass_ca
+
+    from .suite import compare_values, snapshot
+
+    if atol is None and rtol is None:
+        atol, rtol = (0.0, 0.0) if backend == "aot_eager" else (None, None)
+
+    def run(compiled: bool) -> dict[str, Any]:
+        copies = [_fresh_copy(v) for v in inputs]
+        subclass_ca.reset()
+        try:
+            call = torch.compile(fn, backend=backend) if compiled else fn
+            out = call(*copies)
+            if compiled:
+                with subclass_ca.enable(backend):
+                    out.backward(gradient)
+            else:
+                out.backward(gradient)
+        finally:
+            subclass_ca.reset()
+        grads = {
+            f"inputs[{i}].grad": c.grad for i, c in enumerate(copies) if isinstance(c, torch.Tensor) and c.requires_grad
+        }
+        return snapshot({"out": out.detach(), **grads})
+
+    eager = run(compiled=False)
+    ca = run(compiled=True)
+    problems, _, _ = compare_values(eager, ca, atol=atol, rtol=rtol)
+    if problems:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise AssertionError(f"subclass_ca [{backend}] differs from eager for {name}:\n" + "\n".join(f"- {p}" for p in problems))
+    return {"eager": eager, "ca": ca}
+
+
+@pytest.fixture
+def assert_ca_matches_eager(ca_backend: str) -> Callable[..., dict[str, Any]]:
+    """``assert_ca_matches_eager(fn, *inputs, gradient=None, backend=None, atol=None, rtol=None)``."""
+
+    def check(fn: Callable[..., Any], *inputs: Any, backend: str | None = None, **options: Any) -> dict[str, Any]:
+        return ca_matches_eager(fn, *inputs, backend=backend or ca_backend, **options)
+
+    return check
+
+
+@pytest.fixture
+def ca_check_subclass(ca_backend: str) -> Callable[..., Any]:
+    """:func:`subclass_ca.testing.check_subclass` with ``backends=(ca_backend,)`` by default."""
+    from .suite import check_subclass as run_check
+
+    def check(make_tensor: Any, **options: Any) -> Any:
+        options.setdefault("backends", (ca_backend,))
+        return run_check(make_tensor, **options)
+
+    return check
