@@ -72,13 +72,15 @@ class Recipe:
     outer_stride: tuple[Any, ...]
     symint_start: int
     """Index in the slice of the first symint that fills a symbolic (None) outer dim."""
+    symint_end: int
+    """Index in the slice just past this subclass's own arguments."""
     arg_count: int
     key: Any
     expected: dict[str, Any] | None = None
     """Outer metadata recorded at capture (type, size, stride, dtype, device) for strict checks."""
 
     def outer_size_and_stride(self, args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        symints = iter(args[self.symint_start : self.arg_count])
+        symints = iter(args[self.symint_start : self.symint_end])
         size = tuple(next(symints) if s is None else s for s in self.outer_size)
         stride = tuple(next(symints) if s is None else s for s in self.outer_stride)
         return size, stride
@@ -92,7 +94,8 @@ def _recipe_from_meta(meta: Any, base: int, strict_expected: bool = False) -> Re
     subclass_type = meta.original_subclass_type or type(meta.original_subclass)
     handler = get_handler(subclass_type)
     parts: list[tuple[str, Any]] = []
-    index = meta.flat_tensor_start_idx - base
+    own_start = meta.flat_tensor_start_idx - base
+    index = own_start
     for attr, inner in meta.attrs.items():
         if isinstance(inner, creation_meta_cls):
             parts.append((attr, _recipe_from_meta(inner, base)))
@@ -118,7 +121,8 @@ def _recipe_from_meta(meta: Any, base: int, strict_expected: bool = False) -> Re
         parts=tuple(parts),
         outer_size=outer_size,
         outer_stride=outer_stride,
-        symint_start=index - (meta.flat_tensor_start_idx - base),
+        symint_start=index,
+        symint_end=own_start + meta.arg_count,
         arg_count=meta.arg_count,
         key=key,
     )

@@ -211,3 +211,27 @@ def test_named_callables_do_not_grow_across_recaptures():
     assert subclass_ca.recipe_count() == recipes_before
     if allowed_before is not None:
         assert _compat.allowed_callable_count() == allowed_before  # stock adds 2 per capture
+
+
+def test_nested_subclass_activation_grads_with_changing_batch_match_eager():
+    """Symbolic outer sizes of a nested subclass are filled from the node's own symint arguments."""
+    from subclass_ca.testing.subclasses import make_nested_pair
+
+    torch.manual_seed(0)
+    dense_w = torch.randn(4, 4)
+    w = torch.nn.Parameter(make_nested_pair(dense_w))
+    step = torch.compile(lambda x: (x @ w).tanh().sum(), backend="aot_eager")
+    for batch in (3, 5, 7, 9):
+        dense_x = torch.randn(batch, 4)
+        eager_x = make_nested_pair(dense_x).requires_grad_()
+        eager_w = torch.nn.Parameter(make_nested_pair(dense_w))
+        (eager_x @ eager_w).tanh().sum().backward()
+        x = make_nested_pair(dense_x).requires_grad_()
+        w.grad = None
+        with subclass_ca.enable():
+            step(x).backward()
+        assert_same_grad(eager_x.grad, x.grad)
+        assert_same_grad(eager_w.grad, w.grad)
+    # one capture for the static first batch, one dynamic capture for all later batches
+    assert torch._dynamo.utils.counters["compiled_autograd"]["captures"] == 2
+    assert subclass_ca.last_report().nodes_for("PairTensor") == 2
