@@ -368,6 +368,17 @@ def _with_mode(recipe: Recipe, mode: str) -> Recipe:
     return dataclasses.replace(recipe, handler=handler, key=(recipe.key, mode))
 
 
+def _static_expectation(recipe: Recipe, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    """What every rebuild of ``recipe`` must produce (symbolic dims are None: not checked)."""
+    return {
+        "type": recipe.subclass_type,
+        "size": tuple(s if isinstance(s, int) else None for s in recipe.outer_size),
+        "stride": tuple(s if isinstance(s, int) else None for s in recipe.outer_stride),
+        "dtype": dtype,
+        "device": device,
+    }
+
+
 def _capture_metadata(recipe: Recipe, examples: list[Any] | None, settings: _Settings) -> tuple[Recipe, dict[str, Any]]:
     """Validate the handler on fake outputs; return the (maybe fallen-back) recipe and outer metadata."""
     if examples is None:
@@ -393,17 +404,10 @@ def _capture_metadata(recipe: Recipe, examples: list[Any] | None, settings: _Set
     metadata = _outer_metadata(example)
     metadata["size"] = tuple(_compat.size_hint(s) for s in metadata["size"])
     metadata["stride"] = tuple(_compat.size_hint(s) for s in metadata["stride"])
-    static = {
-        "type": recipe.subclass_type,
-        "size": tuple(s if isinstance(s, int) else None for s in recipe.outer_size),
-        "stride": tuple(s if isinstance(s, int) else None for s in recipe.outer_stride),
-        "dtype": metadata["dtype"],
-        "device": metadata["device"],
-    }
-    if not recipe.handler.is_default:
-        protocol = _example_rebuild(dataclasses.replace(recipe, handler=default_handler(recipe.subclass_type)), examples)
-        static["dtype"], static["device"] = protocol.dtype, protocol.device
-    check_against(recipe, example, static)
+    reference = example
+    if not recipe.handler.is_default:  # a custom rebuild must agree with the protocol's dtype/device
+        reference = _example_rebuild(dataclasses.replace(recipe, handler=default_handler(recipe.subclass_type)), examples)
+    check_against(recipe, example, _static_expectation(recipe, reference.dtype, reference.device))
     return recipe, metadata
 
 
@@ -415,11 +419,8 @@ def _make_override(compiler: Any, examples: list[Any] | None) -> Any:
         recipe = _recipe_from_meta(subclass_meta, start)
         recipe, metadata = _capture_metadata(recipe, _example_outputs(examples, start, count), settings)
         if settings.strict:
-            recipe = dataclasses.replace(
-                recipe, expected={**metadata, "size": tuple(s if isinstance(s, int) else None for s in recipe.outer_size),
-                                  "stride": tuple(s if isinstance(s, int) else None for s in recipe.outer_stride)},
-                key=(recipe.key, "strict"),
-            )
+            expected = _static_expectation(recipe, metadata["dtype"], metadata["device"])
+            recipe = dataclasses.replace(recipe, expected=expected, key=(recipe.key, "strict"))
         recipe_id = _intern(recipe)
         mode = recipe.handler.mode
         target = _graph_callable(recipe.subclass_type, mode)
