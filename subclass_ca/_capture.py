@@ -177,8 +177,6 @@ def _intern(recipe: Recipe) -> int:
     with _recipes_lock:
         existing = _recipe_ids.get(recipe.key)
         if existing is not None:
-            if recipe.expected is not None and _recipes[existing].expected is None:
-                _recipes[existing] = recipe
             return existing
         _recipes.append(recipe)
         _recipe_ids[recipe.key] = len(_recipes) - 1
