@@ -149,6 +149,29 @@ def reset_compiled_autograd() -> None:
     compiled_autograd_module().reset()
 
 
+def set_ca_verbose_logger(logger: Any) -> bool:
+    """Give compiled autograd's C++ verbose logger (an object with ``.debug(msg)``; None: off).
+
+    It is where torch reports *why* a backward missed the compiled-autograd cache.
+    Returns False where this torch has no such hook.
+    """
+    setter = getattr(getattr(torch._C, "_dynamo", None), "compiled_autograd", None)
+    setter = getattr(setter, "set_verbose_logger", None)
+    if setter is None:
+        return False
+    setter(logger)
+    return True
+
+
+def ca_verbose_log() -> Any:
+    """torch's own verbose compiled-autograd logger when the user enabled it (TORCH_LOGS), else None."""
+    ca = compiled_autograd_module()
+    enabled = getattr(ca, "snapshot_verbose_logging_enabled", None)
+    if enabled is None or not enabled():
+        return None
+    return getattr(ca, "verbose_log", None)
+
+
 def ca_counters() -> dict[str, int]:
     return dict(_lookup("torch._dynamo.utils:counters")["compiled_autograd"])
 

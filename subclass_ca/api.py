@@ -46,6 +46,7 @@ class _CompiledCAGraph:
         return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        diagnostics.record_run(self._report)
         if self._checked:
             return self._compiled(*args, **kwargs)
         try:
@@ -142,6 +143,7 @@ class enable(contextlib.ContextDecorator):
             stack.enter_context(
                 _compat.enable_compiled_autograd(_make_compiler_fn(self.config), dynamic=self.config.dynamic)
             )
+            stack.enter_context(diagnostics.cache_miss_logging())
         except BaseException:
             stack.close()
             raise

@@ -3,18 +3,35 @@
 A report is built when compiled autograd hands a captured graph to our compiler
 function; ``last_report()`` returns the newest, ``reports()`` all of this process's.
 Logging goes to the ``subclass_ca`` logger (quiet by default; ``SUBCLASS_CA_LOG=info|debug``).
+
+Cache hits and recompiles.  Compiled autograd keeps its own cache of captured graphs,
+keyed on the autograd graph's structure and sizes; a cache miss is a new capture (one
+report), a hit runs a cached graph without calling our compiler.  Each report therefore
+counts ``runs`` of its compiled graph: the first run follows the capture, every later
+run is a cache hit.  The *reason* for a miss comes from torch itself: while an
+``enable()`` block is active we route compiled autograd's C++ verbose logger
+(``torch._C._dynamo.compiled_autograd.set_verbose_logger``) to :class:`_CacheMissLog`,
+which keeps its "Cache miss due to ..." lines and hands them to the next report.  Where
+torch lacks that hook, ``CaptureReport.miss_reasons_available`` is False and the summary
+says so.  Dynamo-level recompiles *of* one CA graph (guard failures inside
+``torch.compile``) are not reported here: torch exposes their reasons only through its
+``recompiles`` log artifact (``TORCH_LOGS=recompiles``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CaptureReport", "last_report", "reports", "clear_reports", "logger"]
+from . import _compat
+
+__all__ = ["CaptureReport", "last_report", "reports", "clear_reports", "cache_stats", "logger"]
 
 logger = logging.getLogger("subclass_ca")
 _level = os.environ.get("SUBCLASS_CA_LOG", "").strip().upper()
@@ -48,6 +65,18 @@ class CaptureReport:
     """torch's compiled_autograd counters after this capture (captures, compiles, ...)."""
     graph_code: str = ""
     """The CA graph's Python code, for reading and for graph assertions."""
+    runs: int = 0
+    """Times this capture's compiled graph ran: the first run follows the capture, each later one is a cache hit."""
+    miss_reasons: list[str] = field(default_factory=list)
+    """torch's own "Cache miss due to ..." messages that led to this capture (empty for a capture
+    made while no reason hook was installed, e.g. the very first one of a process on old torch)."""
+    miss_reasons_available: bool = True
+    """False where this torch gives no hook for compiled autograd's cache-miss reasons."""
+
+    @property
+    def cache_hits(self) -> int:
+        """Backwards that reused this capture's graph from compiled autograd's cache."""
+        return max(self.runs - 1, 0)
 
     def nodes_for(self, type_name: str, mode: str | None = None) -> int:
         """How many make_subclass nodes rebuild ``type_name`` (optionally in one mode)."""
@@ -65,6 +94,10 @@ class CaptureReport:
         for (name, mode), count in sorted(self.subclass_nodes.items()):
             lines.append(f"  {count} x make_subclass {name} [{mode}]")
         lines += [f"  fallback: {reason}" for reason in self.fallbacks]
+        lines.append(f"  runs={self.runs} (cache hits={self.cache_hits})")
+        if not self.miss_reasons_available:
+            lines.append("  cache-miss reason: not exposed by this torch version")
+        lines += [f"  cache miss: {reason}" for reason in self.miss_reasons]
         if self.ca_counters:
             lines.append("  compiled_autograd counters: " + ", ".join(f"{k}={v}" for k, v in sorted(self.ca_counters.items())))
         return "\n".join(lines)
@@ -79,7 +112,7 @@ _capture_count = 0
 def _pending_events() -> dict[str, Any]:
     events = getattr(_pending, "events", None)
     if events is None:
-        events = _pending.events = {"aot_backwards": 0, "nodes": Counter(), "fallbacks": []}
+        events = _pending.events = {"aot_backwards": 0, "nodes": Counter(), "fallbacks": [], "misses": []}
     return events
 
 
@@ -94,6 +127,63 @@ def record_subclass_node(type_name: str, mode: str) -> None:
 
 def record_fallback(reason: str) -> None:
     _pending_events()["fallbacks"].append(reason)
+
+
+def record_cache_miss(reason: str) -> None:
+    """A compiled-autograd cache miss (torch's message); the next capture's report keeps it."""
+    _pending_events()["misses"].append(reason)
+    logger.debug("compiled autograd %s", reason[:1].lower() + reason[1:])
+
+
+def record_run(report: CaptureReport) -> None:
+    """One run of ``report``'s compiled graph (called by the compiled CA graph wrapper)."""
+    with _lock:
+        report.runs += 1
+    if report.runs > 1:
+        logger.debug("capture #%d: cache hit (run %d)", report.capture_index, report.runs)
+
+
+class _CacheMissLog:
+    """The object torch's C++ compiled autograd calls ``.debug(message)`` on (its verbose logger).
+
+    Keeps the cache-miss lines and forwards everything to torch's own verbose logger when
+    the user enabled it (``TORCH_LOGS=compiled_autograd_verbose``), so we never hide its output.
+    """
+
+    def __init__(self, forward_to: Any = None) -> None:
+        self._forward_to = forward_to
+
+    def debug(self, message: Any, *args: Any) -> None:
+        text = str(message) % args if args else str(message)
+        if text.startswith("Cache miss"):
+            record_cache_miss(text)
+        if self._forward_to is not None:
+            self._forward_to.debug(message, *args)
+
+
+_miss_log_lock = threading.Lock()
+_miss_log_depth = 0
+_miss_log_available = True
+_miss_log: _CacheMissLog | None = None
+"""Kept alive here: torch's C++ side holds the logger without owning a reference."""
+
+
+@contextlib.contextmanager
+def cache_miss_logging() -> Iterator[bool]:
+    """Collect compiled autograd's cache-miss reasons while active (re-entrant; yields availability)."""
+    global _miss_log_depth, _miss_log_available, _miss_log
+    with _miss_log_lock:
+        if _miss_log_depth == 0:
+            _miss_log = _CacheMissLog(forward_to=_compat.ca_verbose_log())
+            _miss_log_available = _compat.set_ca_verbose_logger(_miss_log)
+        _miss_log_depth += 1
+    try:
+        yield _miss_log_available
+    finally:
+        with _miss_log_lock:
+            _miss_log_depth -= 1
+            if _miss_log_depth == 0 and _miss_log_available:
+                _compat.set_ca_verbose_logger(_compat.ca_verbose_log())
 
 
 def finish_capture(*, graph_nodes: int, fullgraph: bool, ca_counters: dict[str, int], graph_code: str) -> CaptureReport:
@@ -111,6 +201,8 @@ def finish_capture(*, graph_nodes: int, fullgraph: bool, ca_counters: dict[str, 
             fullgraph=fullgraph,
             ca_counters=ca_counters,
             graph_code=graph_code,
+            miss_reasons=events["misses"],
+            miss_reasons_available=_miss_log_available,
         )
         _capture_count += 1
         _reports.append(report)
@@ -134,3 +226,26 @@ def reports() -> list[CaptureReport]:
 def clear_reports() -> None:
     with _lock:
         _reports.clear()
+
+
+def capture_count() -> int:
+    """Captures reported so far in this process (the next report's ``capture_index``)."""
+    with _lock:
+        return _capture_count
+
+
+def cache_stats(since: int = 0) -> dict[str, int]:
+    """Totals over the kept reports with ``capture_index >= since``.
+
+    ``captures`` (= compiled-autograd cache misses that reached our compiler), ``runs``
+    (backwards run through those graphs), ``cache_hits`` (runs that reused a cached graph)
+    and ``make_subclass_nodes``.
+    """
+    with _lock:
+        chosen = [r for r in _reports if r.capture_index >= since]
+        return {
+            "captures": len(chosen),
+            "runs": sum(r.runs for r in chosen),
+            "cache_hits": sum(r.cache_hits for r in chosen),
+            "make_subclass_nodes": sum(r.total_subclass_nodes for r in chosen),
+        }
