@@ -188,6 +188,29 @@ def allowed_callable_count() -> int | None:
         return len(ids)
 
 
+def stock_compiled_autograd(compiler_fn: Callable[..., Any], *, dynamic: bool = True) -> Any:
+    """torch's own compiled autograd with its stock epilogue (for benchmarks and comparisons)."""
+    return compiled_autograd_module()._enable(compiler_fn, dynamic=dynamic)
+
+
+def stock_ca_compiler(backend: Any, **compile_kwargs: Any) -> Callable[..., Any]:
+    """The compiler_fn torch documents: ``lambda gm: torch.compile(gm, backend=..., fullgraph=True)``."""
+    return lambda gm: torch.compile(gm, backend=backend, fullgraph=True, **compile_kwargs)
+
+
+def is_stock_make_subclass(target: Any) -> bool:
+    """True for the anonymous ``make_subclass`` closure stock CA emits per epilogue call."""
+    return (
+        getattr(target, "__name__", None) == "make_subclass"
+        and getattr(target, "__module__", None) == "torch._dynamo.compiled_autograd"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_signature(fn: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
 class AotBackwardPatch:
     """Replace ``AutogradCompilerInstance.proxy_call_aot_backward`` with a wrapper.
 
@@ -203,7 +226,7 @@ class AotBackwardPatch:
 
     def install(self) -> None:
         original = self._cls.__dict__["proxy_call_aot_backward"]
-        signature = inspect.signature(original)
+        signature = _cached_signature(original)  # install runs on every enable() entry: keep it cheap
         wrapper = self._wrapper
 
         @functools.wraps(original)

@@ -1,0 +1,703 @@
+"""``python -m subclass_ca bench``: eager / torch.compile / stock CA / subclass_ca, interleaved.
+
+One process measures every (model, size, mode, backend) configuration:
+
+* **steady** ms per training step (zero_grad + forward + backward), median with IQR and
+  min/max over ``reps`` samples of ``block`` steps, after warm-up.  Configurations run
+  round-robin (the order rotates every round), so machine noise hits all of them alike;
+  timing uses ``time.perf_counter`` (plus ``torch.cuda.synchronize`` on CUDA);
+* **cold** ms of the first step (Dynamo + AOT + backend compile and the CA capture).
+  Before any configuration runs, one *primer* step per (model, size, backend) in plain
+  compile mode warms process-wide state equally; Inductor's FX-graph and AOT-autograd
+  caches are disabled for the whole run so no mode is served a graph compiled for another;
+* **captures**: CA captures over the first ``1 + warmup + reps * block`` steps and
+  CA captures + Dynamo graph compiles after warm-up (recompiles; target 0);
+* **growth per forced recapture** (CA cache cleared before each of ``recaptures`` steps):
+  ``subclass_ca.named_callables()``, Dynamo's allow_in_graph id set and process RSS;
+* **backward memory**: the CA-graph liveness proxy of :mod:`subclass_ca._bench_memory`
+  (CPU), ``torch.cuda.max_memory_allocated`` around the backward (CUDA);
+* ratios: subclass_ca / stock CA (steady, cold), eager / CA, subclass / plain, strict / default.
+
+It writes ``RESULTS.md``, ``results.json`` and ``bench.png`` into ``--out-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from . import _bench_memory, _bench_models, _capture, _compat
+from . import api as _api
+from ._capture import named_callables
+
+__all__ = ["main", "BenchSettings", "MODES", "TARGETS"]
+
+#: mode -> what it runs
+MODES: dict[str, str] = {
+    "eager": "no compilation",
+    "compile": "torch.compile(forward); AOT backward, no compiled autograd",
+    "stock_ca": "torch.compile(forward) + torch's compiled autograd (stock epilogue)",
+    "subclass_ca": "torch.compile(forward) + subclass_ca.enable()",
+    "subclass_ca_strict": "torch.compile(forward) + subclass_ca.enable(strict=True)",
+}
+CA_MODES = ("stock_ca", "subclass_ca", "subclass_ca_strict")
+#: target id -> statement
+TARGETS: dict[str, str] = {
+    "steady": "subclass_ca / stock CA <= 1.00 (steady state)",
+    "cold": "subclass_ca / stock CA <= 1.05 (cold first step)",
+    "vs_eager": "subclass_ca >= 2x faster than eager on the subclass models",
+    "recompiles": "0 recompiles after warm-up (subclass_ca)",
+    "callables": "0 growth of graph callables per recapture (subclass_ca)",
+    "k_ratio": "subclass (k inner tensors) / plain <= k under subclass_ca",
+    "memory": "backward memory: subclass_ca <= stock CA",
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchSettings:
+    """What one bench run measures (validated; ``--quick`` picks a small preset)."""
+
+    models: tuple[str, ...] = tuple(_bench_models.MODELS)
+    """Model kinds (see ``_bench_models.MODELS``)."""
+    sizes: tuple[str, ...] = ("small", "medium")
+    """Sizes (see ``_bench_models.SIZES``)."""
+    backends: tuple[str, ...] = ("aot_eager", "inductor")
+    """Backends for the compiled modes."""
+    strict_backends: tuple[str, ...] = ("aot_eager",)
+    """Backends on which the strict=True row is measured."""
+    device: str = "cpu"
+    """"cpu" or "cuda"."""
+    warmup: int = 4
+    """Steps after the cold step that are not timed."""
+    reps: int = 19
+    """Timed samples per configuration (round-robin rounds)."""
+    block: int = 5
+    """Steps per timed sample."""
+    recaptures: int = 20
+    """Forced recaptures for the growth measurement."""
+    threads: int | None = None
+    """torch.set_num_threads (None: leave as is)."""
+    out_dir: str = "benchmarks"
+    """Where RESULTS.md, results.json and bench.png go."""
+    plot: bool = True
+    """Write bench.png (needs matplotlib)."""
+    progress: bool = True
+    """Show a tqdm progress bar (when tqdm is installed)."""
+    command: str = ""
+    """The command line, recorded in RESULTS.md."""
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("models", _bench_models.MODELS), ("sizes", _bench_models.SIZES)):
+            bad = [v for v in getattr(self, name) if v not in allowed]
+            if bad or not getattr(self, name):
+                raise ValueError(f"BenchSettings.{name}: got {bad or 'nothing'}, allowed values are {sorted(allowed)}")
+        if not self.backends:
+            raise ValueError("BenchSettings.backends must name at least one backend, e.g. aot_eager")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"BenchSettings.device: got {self.device!r}, allowed values are ['cpu', 'cuda']")
+        for name in ("reps", "block"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"BenchSettings.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup", "recaptures"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"BenchSettings.{name} must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def steps(self) -> int:
+        return 1 + self.warmup + self.reps * self.block
+
+
+QUICK = {"sizes": ("small",), "backends": ("aot_eager",), "warmup": 1, "reps": 3, "block": 2, "recaptures": 3}
+
+
+# --- configurations ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(kw_only=True)
+class _Config:
+    model: str
+    size: str
+    mode: str
+    backend: str | None
+    run_step: Callable[[], None]
+    workload: _bench_models.Workload
+    cold_ms: float = float("nan")
+    samples: list[float] = dataclasses.field(default_factory=list)
+    captures_total: int = 0
+    recompiles_after_warmup: int = 0
+    cuda_peak_bytes: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}/{self.size}/{self.mode}" + (f"[{self.backend}]" if self.backend else "")
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def _ours_with_compiler(compiler_fn: Callable[..., Any]) -> Iterator[None]:
+    """Our capture with a caller-provided CA compiler_fn (used to record the graph for the memory proxy)."""
+    _capture.install()
+    try:
+        with _compat.enable_compiled_autograd(compiler_fn, dynamic=True):
+            yield
+    finally:
+        _capture.uninstall()
+
+
+def _make_step(workload: _bench_models.Workload, mode: str, backend: str | None, device: str) -> Callable[[], None]:
+    forward = workload.forward if mode == "eager" else torch.compile(workload.forward, backend=backend)
+    if mode == "stock_ca":
+        compiler_fn = _compat.stock_ca_compiler(backend)
+
+        def context() -> Any:
+            return _compat.stock_compiled_autograd(compiler_fn)
+    elif mode in ("subclass_ca", "subclass_ca_strict"):
+        ours = _api.enable(backend, strict=mode == "subclass_ca_strict")
+
+        def context() -> Any:
+            return ours
+    else:
+
+        def context() -> Any:
+            return contextlib.nullcontext()
+
+    params, inputs = workload.params, workload.inputs
+
+    def run_step() -> None:
+        for p in params:
+            p.grad = None
+        with context():
+            loss = forward(params, *inputs)
+            loss.backward()
+        _sync(device)
+
+    return run_step
+
+
+def _configs(settings: BenchSettings) -> list[_Config]:
+    configs = []
+    for model in settings.models:
+        for size in settings.sizes:
+            plan: list[tuple[str, str | None]] = [("eager", None)]
+            for backend in settings.backends:
+                plan += [("compile", backend), ("stock_ca", backend), ("subclass_ca", backend)]
+                if backend in settings.strict_backends:
+                    plan.append(("subclass_ca_strict", backend))
+            for mode, backend in plan:
+                tag = f"{size}_{mode}_{backend or 'none'}"
+                workload = _bench_models.build(model, size, settings.device, tag=tag)
+                configs.append(
+                    _Config(
+                        model=model, size=size, mode=mode, backend=backend, workload=workload,
+                        run_step=_make_step(workload, mode, backend, settings.device),
+                    )
+                )
+    return configs
+
+
+# --- measurements ------------------------------------------------------------------
+
+
+def _ca_captures() -> int:
+    return int(_compat.ca_counters().get("captures", 0))
+
+
+def _graph_compiles() -> int:
+    return int(torch._dynamo.utils.counters["stats"].get("unique_graphs", 0))
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process (Linux /proc; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def _progress(total: int, enabled: bool, desc: str) -> Any:
+    if enabled:
+        try:
+            from tqdm.auto import tqdm
+
+            return tqdm(total=total, desc=desc, leave=False, file=sys.stderr)
+        except ImportError:
+            pass
+    return _NoProgress()
+
+
+class _NoProgress:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _bench_torch_settings(settings: BenchSettings) -> Iterator[None]:
+    """Disable cross-mode graph caches and raise Dynamo's recompile limit; restore on exit."""
+    threads = torch.get_num_threads()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch._dynamo.config.patch(recompile_limit=max(64, torch._dynamo.config.recompile_limit)))
+        stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
+        stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
+
+def _prime(settings: BenchSettings, bar: Any) -> None:
+    for model in settings.models:
+        for size in settings.sizes:
+            for backend in settings.backends:
+                workload = _bench_models.build(model, size, settings.device, tag=f"{size}_primer_{backend}")
+                _make_step(workload, "compile", backend, settings.device)()
+                bar.update()
+
+
+def _time_configs(configs: list[_Config], settings: BenchSettings, bar: Any) -> None:
+    # cold: first step of each configuration
+    for config in configs:
+        c0 = _ca_captures()
+        t0 = time.perf_counter()
+        config.run_step()
+        config.cold_ms = (time.perf_counter() - t0) * 1e3
+        config.captures_total += _ca_captures() - c0
+        bar.update()
+    for _ in range(settings.warmup):
+        for config in configs:
+            c0 = _ca_captures()
+            config.run_step()
+            config.captures_total += _ca_captures() - c0
+        bar.update(len(configs))
+    for rep in range(settings.reps):
+        shift = rep % len(configs)
+        for config in configs[shift:] + configs[:shift]:
+            c0, g0 = _ca_captures(), _graph_compiles()
+            t0 = time.perf_counter()
+            for _ in range(settings.block):
+                config.run_step()
+            config.samples.append((time.perf_counter() - t0) * 1e3 / settings.block)
+            captures = _ca_captures() - c0
+            config.captures_total += captures
+            config.recompiles_after_warmup += captures + (_graph_compiles() - g0)
+        bar.update(len(configs))
+    if settings.device.startswith("cuda"):
+        for config in configs:
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            config.run_step()
+            config.cuda_peak_bytes = torch.cuda.max_memory_allocated() - base
+
+
+def _growth(settings: BenchSettings, bar: Any) -> list[dict[str, Any]]:
+    """Per-recapture growth of graph callables, allow_in_graph ids and RSS (aot_eager, first size)."""
+    rows = []
+    size = settings.sizes[0]
+    backend = "aot_eager" if "aot_eager" in settings.backends else settings.backends[0]
+    for model in settings.models:
+        for mode in ("stock_ca", "subclass_ca"):
+            workload = _bench_models.build(model, size, settings.device, tag=f"{size}_growth_{mode}")
+            step = _make_step(workload, mode, backend, settings.device)
+            for _ in range(2):  # first captures fill one-off caches
+                _compat.reset_compiled_autograd()
+                step()
+            callables0, allowed0, rss0, captures0 = len(named_callables()), _compat.allowed_callable_count(), rss_bytes(), _ca_captures()
+            for _ in range(settings.recaptures):
+                _compat.reset_compiled_autograd()
+                step()
+                bar.update()
+            n = max(settings.recaptures, 1)
+            allowed1 = _compat.allowed_callable_count()
+            rows.append(
+                {
+                    "model": model, "size": size, "mode": mode, "backend": backend,
+                    "recaptures": _ca_captures() - captures0,
+                    "named_callables_per_recapture": (len(named_callables()) - callables0) / n,
+                    "allowed_ids_per_recapture": None if allowed0 is None or allowed1 is None else (allowed1 - allowed0) / n,
+                    "rss_kib_per_recapture": (rss_bytes() - rss0) / 1024 / n,
+                }
+            )
+    return rows
+
+
+def _memory(settings: BenchSettings) -> list[dict[str, Any]]:
+    """CA-graph liveness (stock vs ours) per model, first size, accumulating into existing grads."""
+    rows = []
+    size = settings.sizes[0]
+    for model in settings.models:
+        row: dict[str, Any] = {"model": model, "size": size}
+        for mode, enter in (("stock_ca", _compat.stock_compiled_autograd), ("subclass_ca", _ours_with_compiler)):
+            workload = _bench_models.build(model, size, settings.device, tag=f"{size}_memory_{mode}")
+            forward = torch.compile(workload.forward, backend="aot_eager")
+
+            def step(workload: Any = workload, forward: Any = forward) -> None:
+                forward(workload.params, *workload.inputs).backward()
+
+            with enter(_compat.stock_ca_compiler("aot_eager")):
+                step()  # grads now exist: the measured backward accumulates into them
+            row[mode] = dataclasses.asdict(_bench_memory.ca_graph_liveness(step, enter))
+        rows.append(row)
+    return rows
+
+
+# --- statistics and report ---------------------------------------------------------
+
+
+def _stats(samples: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    if len(ordered) >= 2:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    else:
+        q1 = q3 = ordered[0]
+    return {"median": statistics.median(ordered), "q1": q1, "q3": q3, "min": ordered[0], "max": ordered[-1]}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0 or a != a or b != b:
+        return None
+    return a / b
+
+
+def _summaries(configs: list[_Config]) -> list[dict[str, Any]]:
+    return [
+        {
+            "model": c.model, "size": c.size, "mode": c.mode, "backend": c.backend,
+            "cold_ms": c.cold_ms, "captures": c.captures_total, "recompiles_after_warmup": c.recompiles_after_warmup,
+            "cuda_peak_bytes": c.cuda_peak_bytes, **_stats(c.samples),
+        }
+        for c in configs
+    ]
+
+
+def _ratios(rows: list[dict[str, Any]], settings: BenchSettings) -> dict[str, list[dict[str, Any]]]:
+    index = {(r["model"], r["size"], r["mode"], r["backend"]): r for r in rows}
+    ours_vs_stock, vs_eager, vs_plain, strict = [], [], [], []
+    for model in settings.models:
+        for size in settings.sizes:
+            eager = index.get((model, size, "eager", None))
+            for backend in settings.backends:
+                ours, stock = index.get((model, size, "subclass_ca", backend)), index.get((model, size, "stock_ca", backend))
+                if ours and stock:
+                    ours_vs_stock.append({
+                        "model": model, "size": size, "backend": backend,
+                        "steady": _ratio(ours["median"], stock["median"]), "cold": _ratio(ours["cold_ms"], stock["cold_ms"]),
+                    })
+                for mode in ("stock_ca", "subclass_ca"):
+                    row = index.get((model, size, mode, backend))
+                    if row and eager:
+                        vs_eager.append({"model": model, "size": size, "backend": backend, "mode": mode,
+                                         "speedup": _ratio(eager["median"], row["median"])})
+                    plain = index.get(("plain", size, mode, backend))
+                    if row and plain and model != "plain":
+                        vs_plain.append({"model": model, "size": size, "backend": backend, "mode": mode,
+                                         "k": _bench_models.INNER_TENSORS[model], "ratio": _ratio(row["median"], plain["median"])})
+                strict_row = index.get((model, size, "subclass_ca_strict", backend))
+                if strict_row and ours:
+                    strict.append({"model": model, "size": size, "backend": backend,
+                                   "steady": _ratio(strict_row["median"], ours["median"]),
+                                   "cold": _ratio(strict_row["cold_ms"], ours["cold_ms"])})
+    return {"subclass_ca_vs_stock": ours_vs_stock, "speedup_vs_eager": vs_eager, "subclass_vs_plain": vs_plain,
+            "strict_vs_default": strict}
+
+
+def _verdicts(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """target id -> {met: bool | None, detail: str} (None: nothing measured)."""
+    ratios = results["ratios"]
+    verdicts: dict[str, dict[str, Any]] = {}
+
+    def verdict(key: str, rows: list[Any], ok: Callable[[Any], bool], describe: Callable[[Any], str]) -> None:
+        rows = [r for r in rows if r is not None]
+        if not rows:
+            verdicts[key] = {"met": None, "detail": "not measured in this run"}
+            return
+        bad = [r for r in rows if not ok(r)]
+        detail = f"{len(rows) - len(bad)}/{len(rows)} met"
+        if bad:
+            detail += "; missed: " + ", ".join(describe(r) for r in bad)
+        verdicts[key] = {"met": not bad, "detail": detail}
+
+    def where(r: dict[str, Any]) -> str:
+        return f"{r['model']}/{r['size']}[{r.get('backend')}]"
+
+    steady = [r for r in ratios["subclass_ca_vs_stock"] if r["steady"] is not None]
+    verdict("steady", steady, lambda r: r["steady"] <= 1.00, lambda r: f"{where(r)} {r['steady']:.3f}")
+    cold = [r for r in ratios["subclass_ca_vs_stock"] if r["cold"] is not None]
+    verdict("cold", cold, lambda r: r["cold"] <= 1.05, lambda r: f"{where(r)} {r['cold']:.3f}")
+    eager = [r for r in ratios["speedup_vs_eager"] if r["mode"] == "subclass_ca" and r["model"] != "plain" and r["speedup"]]
+    verdict("vs_eager", eager, lambda r: r["speedup"] >= 2.0, lambda r: f"{where(r)} {r['speedup']:.2f}x")
+    ours = [r for r in results["rows"] if r["mode"] == "subclass_ca"]
+    verdict("recompiles", ours, lambda r: r["recompiles_after_warmup"] == 0,
+            lambda r: f"{where(r)} {r['recompiles_after_warmup']}")
+    growth = [r for r in results["growth"] if r["mode"] == "subclass_ca"]
+    verdict("callables", growth,
+            lambda r: r["named_callables_per_recapture"] == 0 and (r["allowed_ids_per_recapture"] or 0) == 0,
+            lambda r: f"{where(r)} named {r['named_callables_per_recapture']:+.2f}, allow_in_graph "
+                      f"{r['allowed_ids_per_recapture']:+.2f} per recapture")
+    k_rows = [r for r in ratios["subclass_vs_plain"] if r["mode"] == "subclass_ca" and r["ratio"] is not None]
+    verdict("k_ratio", k_rows, lambda r: r["ratio"] <= r["k"], lambda r: f"{where(r)} {r['ratio']:.2f} > k={r['k']}")
+    memory = [r for r in results["memory"] if r["subclass_ca"]["make_subclass_nodes"]]
+    verdict("memory", memory,
+            lambda r: r["subclass_ca"]["peak_bytes"] <= r["stock_ca"]["peak_bytes"]
+            and r["subclass_ca"]["epilogue_mean_bytes"] <= r["stock_ca"]["epilogue_mean_bytes"],
+            lambda r: f"{r['model']}/{r['size']}")
+    return verdicts
+
+
+def _fmt(value: Any, spec: str = ".2f") -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "—"
+    return format(value, spec)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    """RESULTS.md: environment, the table, the ratios and each target marked met / missed."""
+    env, s = results["env"], results["settings"]
+    out = ["# subclass_ca benchmark results", ""]
+    out += [
+        f"- command: `{s['command']}`",
+        f"- torch {env['torch']}, Python {env['python']}, {env['platform']}",
+        f"- CPU: {env['cpu']} ({env['cpu_count']} logical cores visible), torch threads: {env['threads']}",
+        f"- device: {s['device']}; CUDA column: {env['cuda_note']}",
+        f"- steps per configuration: {results['steps']} (1 cold + {s['warmup']} warm-up + {s['reps']} samples x "
+        f"{s['block']} steps); forced recaptures: {s['recaptures']}; wall time {results['wall_s']:.0f} s",
+        f"- machine: {env['noise_note']}",
+        "",
+        "A step is `zero_grad(set_to_none) + forward + loss.backward()` (no optimizer). Modes run interleaved",
+        "round-robin (order rotated each round); steady figures exclude the cold step and warm-up.",
+        "Inductor's FX-graph and AOT-autograd caches are off, so no mode reuses another's compiled graph; compiled",
+        "C++ kernels may still come from the on-disk kernel cache.",
+        "",
+        "## Targets",
+        "",
+        "| target | verdict | detail |",
+        "|---|---|---|",
+    ]
+    for key, text in TARGETS.items():
+        v = results["verdicts"][key]
+        mark = {True: "**met**", False: "**missed**", None: "not measured"}[v["met"]]
+        out.append(f"| {text} | {mark} | {v['detail']} |")
+    out += ["", "## Steady state and cold start (ms per step)", "",
+            "| model | size | mode | backend | median | IQR | min–max | cold (first step) | CA captures | recompiles after warm-up |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results["rows"]:
+        out.append(
+            f"| {r['model']} | {r['size']} | {r['mode']} | {r['backend'] or '—'} | {_fmt(r['median'], '.3f')} | "
+            f"{_fmt(r['q1'], '.3f')}–{_fmt(r['q3'], '.3f')} | {_fmt(r['min'], '.3f')}–{_fmt(r['max'], '.3f')} | "
+            f"{_fmt(r['cold_ms'], '.0f')} | {r['captures']} | {r['recompiles_after_warmup']} |"
+        )
+    ratios = results["ratios"]
+    out += ["", "## Ratios", "", "### subclass_ca / stock CA", "", "| model | size | backend | steady | cold |", "|---|---|---|---:|---:|"]
+    out += [f"| {r['model']} | {r['size']} | {r['backend']} | {_fmt(r['steady'], '.3f')} | {_fmt(r['cold'], '.3f')} |"
+            for r in ratios["subclass_ca_vs_stock"]]
+    out += ["", "### Speed-up over eager (eager ms / mode ms)", "", "| model | size | backend | mode | speed-up |", "|---|---|---|---|---:|"]
+    out += [f"| {r['model']} | {r['size']} | {r['backend']} | {r['mode']} | {_fmt(r['speedup'])}x |" for r in ratios["speedup_vs_eager"]]
+    out += ["", "### Subclass model / plain model, same mode", "", "| model | size | backend | mode | k | ratio |", "|---|---|---|---|---:|---:|"]
+    out += [f"| {r['model']} | {r['size']} | {r['backend']} | {r['mode']} | {r['k']} | {_fmt(r['ratio'])} |"
+            for r in ratios["subclass_vs_plain"]]
+    out += ["", "### enable(strict=True) / enable(strict=False)", "", "| model | size | backend | steady | cold |", "|---|---|---|---:|---:|"]
+    out += [f"| {r['model']} | {r['size']} | {r['backend']} | {_fmt(r['steady'], '.3f')} | {_fmt(r['cold'], '.3f')} |"
+            for r in ratios["strict_vs_default"]]
+    out += ["", "## Growth per forced recapture", "",
+            "The compiled-autograd cache is cleared before each step; each row is the growth divided by the recaptures.",
+            "", "| model | mode | recaptures | named callables | allow_in_graph ids | RSS KiB |", "|---|---|---:|---:|---:|---:|"]
+    out += [f"| {r['model']} | {r['mode']} | {r['recaptures']} | {_fmt(r['named_callables_per_recapture'], '+.2f')} | "
+            f"{_fmt(r['allowed_ids_per_recapture'], '+.2f')} | {_fmt(r['rss_kib_per_recapture'], '+.1f')} |" for r in results["growth"]]
+    out += ["", "## Backward memory (CA-graph liveness proxy, aot_eager)", "",
+            "Live bytes of tensors produced inside the CA graph (graph inputs excluded), from one eager node-by-node run",
+            "of the captured graph accumulating into existing `.grad`s (see Note [Why the epilogue holds memory] in",
+            "`subclass_ca/_bench_memory.py`). Stock feeds every flat backward output to every `make_subclass` node.", "",
+            "| model | size | make_subclass nodes | args (stock / ours) | peak KiB (stock / ours) | epilogue mean KiB (stock / ours) |",
+            "|---|---|---:|---:|---:|---:|"]
+    for r in results["memory"]:
+        st, us = r["stock_ca"], r["subclass_ca"]
+        out.append(f"| {r['model']} | {r['size']} | {us['make_subclass_nodes']} | {st['make_subclass_args']} / {us['make_subclass_args']} | "
+                   f"{st['peak_bytes'] / 1024:.1f} / {us['peak_bytes'] / 1024:.1f} | "
+                   f"{st['epilogue_mean_bytes'] / 1024:.1f} / {us['epilogue_mean_bytes'] / 1024:.1f} |")
+    cuda_rows = [r for r in results["rows"] if r["cuda_peak_bytes"] is not None]
+    out += ["", "### CUDA peak memory of one step (torch.cuda.max_memory_allocated)", ""]
+    if cuda_rows:
+        out += ["| model | size | mode | backend | peak MiB |", "|---|---|---|---|---:|"]
+        out += [f"| {r['model']} | {r['size']} | {r['mode']} | {r['backend'] or '—'} | {r['cuda_peak_bytes'] / 2**20:.2f} |" for r in cuda_rows]
+    else:
+        out.append("Unmeasured: no CUDA device on the machine that produced these results (run with `--device cuda`).")
+    if results.get("chart"):
+        out += ["", f"![ms per step]({results['chart']})"]
+    out.append("")
+    return "\n".join(out)
+
+
+def _plot(results: dict[str, Any], path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib is not installed (pip install 'subclass_ca[demo]'); skipping the chart", file=sys.stderr)
+        return False
+    rows = results["rows"]
+    groups = sorted({(r["model"], r["size"]) for r in rows}, key=lambda g: (list(_bench_models.MODELS).index(g[0]), g[1]))
+    series = []
+    for r in rows:
+        key = (r["mode"], r["backend"])
+        if key not in series:
+            series.append(key)
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(groups)), 4.8))
+    width = 0.8 / max(len(series), 1)
+    for i, (mode, backend) in enumerate(series):
+        xs, med, lo, hi = [], [], [], []
+        for g, (model, size) in enumerate(groups):
+            r = next((r for r in rows if (r["model"], r["size"], r["mode"], r["backend"]) == (model, size, mode, backend)), None)
+            if r is None:
+                continue
+            xs.append(g + (i - (len(series) - 1) / 2) * width)
+            med.append(r["median"])
+            lo.append(r["median"] - r["q1"])
+            hi.append(r["q3"] - r["median"])
+        ax.bar(xs, med, width, yerr=[lo, hi], label=mode + (f" [{backend}]" if backend else ""), capsize=2)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"{m}\n{s}" for m, s in groups])
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per training step (median, IQR)")
+    ax.set_title(f"subclass_ca bench — torch {results['env']['torch']}, {results['settings']['device']}")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# --- entry point -----------------------------------------------------------------
+
+
+def run(settings: BenchSettings) -> dict[str, Any]:
+    """Measure everything; return the results dict (also what results.json holds)."""
+    if settings.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench: --device cuda given but torch.cuda.is_available() is False")
+    _compat.require_support()
+    start = time.perf_counter()
+    with _bench_torch_settings(settings):
+        configs = _configs(settings)
+        growth_units = len(settings.models) * 2 * settings.recaptures
+        prime_units = len(settings.models) * len(settings.sizes) * len(settings.backends)
+        total = prime_units + len(configs) * (1 + settings.warmup + settings.reps) + growth_units
+        bar = _progress(total, settings.progress, "bench")
+        try:
+            _prime(settings, bar)
+            _time_configs(configs, settings, bar)
+            rows = _summaries(configs)
+            growth = _growth(settings, bar)
+            memory = _memory(settings)
+        finally:
+            bar.close()
+    results: dict[str, Any] = {
+        "settings": dataclasses.asdict(settings),
+        "steps": settings.steps,
+        "env": {
+            "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+            "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads() if not settings.threads else settings.threads,
+            "cuda_note": (f"measured on {torch.cuda.get_device_name()}" if settings.device == "cuda"
+                          else "unmeasured (no GPU on this machine; the bench accepts --device cuda)"),
+            "noise_note": os.environ.get("SUBCLASS_CA_BENCH_NOTE", "not recorded"),
+        },
+        "rows": rows,
+        "growth": growth,
+        "memory": memory,
+    }
+    results["ratios"] = _ratios(rows, settings)
+    results["verdicts"] = _verdicts(results)
+    results["wall_s"] = time.perf_counter() - start
+    return results
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m subclass_ca bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small preset (< 2 min): small size, aot_eager, few steps")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--models", nargs="+", choices=list(_bench_models.MODELS))
+    p.add_argument("--sizes", nargs="+", choices=list(_bench_models.SIZES))
+    p.add_argument("--backends", nargs="+", help="backends of the compiled modes (default: aot_eager inductor)")
+    p.add_argument("--strict-backends", nargs="*", help="backends with a strict=True row (default: aot_eager)")
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--reps", type=int)
+    p.add_argument("--block", type=int)
+    p.add_argument("--recaptures", type=int)
+    p.add_argument("--threads", type=int, help="torch.set_num_threads for the run")
+    p.add_argument("--out-dir", default="benchmarks")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--note", help="free text about the machine (shared, noisy, ...) recorded in RESULTS.md")
+    return p
+
+
+def settings_from_args(argv: Sequence[str]) -> BenchSettings:
+    args = _parser().parse_args(list(argv))
+    values: dict[str, Any] = dict(QUICK) if args.quick else {}
+    for name in ("models", "sizes", "backends", "strict_backends"):
+        if getattr(args, name) is not None:
+            values[name] = tuple(getattr(args, name))
+    for name in ("warmup", "reps", "block", "recaptures", "threads"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    command = "python -m subclass_ca bench " + " ".join(argv)
+    return BenchSettings(
+        device=args.device, out_dir=args.out_dir, plot=not args.no_plot, progress=not args.no_progress,
+        command=command.strip(), **values,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and write RESULTS.md, results.json and bench.png; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    settings = settings_from_args(argv)
+    note = _parser().parse_args(argv).note
+    if note:
+        os.environ["SUBCLASS_CA_BENCH_NOTE"] = note
+    results = run(settings)
+    os.makedirs(settings.out_dir, exist_ok=True)
+    chart = os.path.join(settings.out_dir, "bench.png")
+    if settings.plot and _plot(results, chart):
+        results["chart"] = "bench.png"
+    with open(os.path.join(settings.out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    with open(os.path.join(settings.out_dir, "RESULTS.md"), "w") as f:
+        f.write(render_markdown(results))
+    for key, text in TARGETS.items():
+        v = results["verdicts"][key]
+        print(f"{ {True: 'met   ', False: 'MISSED', None: 'n/a   '}[v['met']]} {text}: {v['detail']}")
+    print(f"wrote {os.path.join(settings.out_dir, 'RESULTS.md')} ({results['wall_s']:.0f} s)")
+    return 0

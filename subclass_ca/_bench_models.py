@@ -1,0 +1,171 @@
+"""Benchmark models: one small training step per (model kind, size), built fresh per mode.
+
+Each :class:`Workload` owns its parameters and inputs and a ``forward_loss`` function
+whose *code object is private to it* (see Note [One code object per workload]), so
+Dynamo's per-code cache never mixes the forward graphs of different modes.
+
+Note [One code object per workload]
+-----------------------------------
+Dynamo caches compiled frames on the code object.  Two modes that call the same Python
+function share one cache list (guarded on the module/parameter ids), which both hits the
+recompile limit and makes guard evaluation cost depend on how many modes ran before.
+We copy the forward's code object (``code.replace(co_name=...)``) per workload, so every
+mode gets its own cache, exactly as if each were the only model in the process.
+Each compiled forward is also its own AOT ``CompiledFunction`` (own autograd-function id),
+so compiled autograd's graph cache -- which is global and *not* keyed by the compiler
+function -- keeps a separate graph per mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["MODELS", "SIZES", "INNER_TENSORS", "Workload", "build", "ensure_process_group"]
+
+#: model kind -> short description (what is a subclass)
+MODELS: dict[str, str] = {
+    "plain": "plain MLP (dense fp32 parameters)",
+    "pair": "MLP whose parameters are torch TwoTensor (2 inner tensors each)",
+    "int8_lora": "frozen Int8RowwiseTensor base weights + trainable LoRA A/B",
+    "dtensor": "MLP whose parameters are DTensor (world_size 1, Replicate)",
+}
+#: inner tensors per subclass value (k of the "subclass / plain <= k" target)
+INNER_TENSORS: dict[str, int] = {"plain": 1, "pair": 2, "int8_lora": 2, "dtensor": 1}
+#: size -> (batch, features, hidden)
+SIZES: dict[str, tuple[int, int, int]] = {"small": (16, 64, 128), "medium": (64, 256, 1024)}
+LORA_RANK = 8
+
+
+@dataclasses.dataclass(kw_only=True)
+class Workload:
+    """One model instance with its inputs; ``forward_loss()`` returns a scalar loss."""
+
+    model: str
+    size: str
+    params: list[torch.Tensor]
+    inputs: tuple[Any, ...]
+    forward: Callable[..., torch.Tensor]
+
+    def forward_loss(self) -> torch.Tensor:
+        return self.forward(self.params, *self.inputs)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def grad_bytes(self) -> int:
+        total = 0
+        for p in self.params:
+            if p.grad is not None:
+                total += _tensor_bytes(p.grad)
+        return total
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return sum(_tensor_bytes(getattr(t, n)) for n in names if isinstance(getattr(t, n), torch.Tensor))
+    return t.numel() * t.element_size()
+
+
+# --- forwards (copied per workload, see the Note) -------------------------------------
+
+
+def _mlp_forward(params: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    w1, b1, w2, b2 = params
+    return F.linear(torch.relu(F.linear(x, w1, b1)), w2, b2).square().mean()
+
+
+def _lora_forward(params: list[torch.Tensor], x: torch.Tensor, base1: torch.Tensor, base2: torch.Tensor) -> torch.Tensor:
+    a1, bb1, a2, bb2 = params
+    h = torch.relu(F.linear(x, base1) + F.linear(F.linear(x, a1), bb1))
+    return (F.linear(h, base2) + F.linear(F.linear(h, a2), bb2)).square().mean()
+
+
+def _private_copy(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+    return types.FunctionType(code, fn.__globals__, f"{fn.__name__}_{tag}", fn.__defaults__, fn.__closure__)
+
+
+# --- builders -----------------------------------------------------------------------
+
+
+def _dense_mlp(size: str, device: str, seed: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    batch, features, hidden = SIZES[size]
+    gen = torch.Generator().manual_seed(seed)
+    w1 = torch.randn(hidden, features, generator=gen) / features**0.5
+    b1 = torch.zeros(hidden)
+    w2 = torch.randn(features, hidden, generator=gen) / hidden**0.5
+    b2 = torch.zeros(features)
+    x = torch.randn(batch, features, generator=gen)
+    return [t.to(device) for t in (w1, b1, w2, b2)], x.to(device)
+
+
+def ensure_process_group(device: str) -> None:
+    """A world_size-1 process group on a free localhost port (DTensor needs one)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group(
+        "nccl" if device.startswith("cuda") else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=0,
+        world_size=1,
+    )
+
+
+def build(model: str, size: str, device: str, *, tag: str, seed: int = 0) -> Workload:
+    """A fresh workload of ``model`` at ``size`` on ``device``; ``tag`` names its private forward."""
+    if model not in MODELS:
+        raise ValueError(f"unknown bench model {model!r}; allowed values are {sorted(MODELS)}")
+    if size not in SIZES:
+        raise ValueError(f"unknown bench size {size!r}; allowed values are {sorted(SIZES)}")
+    dense, x = _dense_mlp(size, device, seed)
+    if model == "plain":
+        params = [torch.nn.Parameter(t) for t in dense]
+        return Workload(model=model, size=size, params=params, inputs=(x,), forward=_private_copy(_mlp_forward, tag))
+    if model == "pair":
+        from ._compat import two_tensor_type
+
+        two_tensor = two_tensor_type()
+        if two_tensor is None:  # pragma: no cover - torch without its testing package
+            from .testing.subclasses import PairTensor as two_tensor
+        params = [torch.nn.Parameter(two_tensor(t.clone(), t * 0.5)) for t in dense]
+        return Workload(model=model, size=size, params=params, inputs=(x,), forward=_private_copy(_mlp_forward, tag))
+    if model == "int8_lora":
+        from .testing.subclasses import Int8RowwiseTensor
+
+        w1, _, w2, _ = dense
+        batch, features, hidden = SIZES[size]
+        gen = torch.Generator().manual_seed(seed + 1)
+        a1 = torch.randn(LORA_RANK, features, generator=gen).to(device) / features**0.5
+        a2 = torch.randn(LORA_RANK, hidden, generator=gen).to(device) / hidden**0.5
+        b1 = torch.zeros(hidden, LORA_RANK, device=device)
+        b2 = torch.zeros(features, LORA_RANK, device=device)
+        base1, base2 = Int8RowwiseTensor.quantize(w1), Int8RowwiseTensor.quantize(w2)
+        params = [torch.nn.Parameter(t) for t in (a1, b1, a2, b2)]
+        return Workload(
+            model=model, size=size, params=params, inputs=(x, base1, base2), forward=_private_copy(_lora_forward, tag)
+        )
+    # dtensor
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    ensure_process_group(device)
+    mesh = init_device_mesh(torch.device(device).type, (1,))
+    params = [torch.nn.Parameter(distribute_tensor(t, mesh, [Replicate()])) for t in dense]
+    dx = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    return Workload(model=model, size=size, params=params, inputs=(dx,), forward=_private_copy(_mlp_forward, tag))
