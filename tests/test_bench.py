@@ -1,0 +1,144 @@
+"""The benchmark: ``--quick`` runs end to end and writes the documented structure (not speed)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from subclass_ca import _bench, _bench_models
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One ``python -m subclass_ca bench --quick`` in a fresh process (DTensor needs its own process group)."""
+    out = tmp_path_factory.mktemp("bench")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "subclass_ca", "bench", "--quick", "--threads", "1", "--no-progress",
+         "--out-dir", str(out), "--note", "pytest"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=540,
+    )
+    return out, proc
+
+
+@pytest.fixture(scope="module")
+def results(quick_run) -> dict:
+    out, proc = quick_run
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.slow
+def test_quick_run_writes_results_md_json_and_png(quick_run, results):
+    out, proc = quick_run
+    assert (out / "RESULTS.md").is_file()
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "wrote" in proc.stdout
+
+
+@pytest.mark.slow
+def test_quick_run_measures_every_model_and_mode(results):
+    measured = {(r["model"], r["mode"], r["backend"]) for r in results["rows"]}
+    for model in _bench_models.MODELS:
+        assert (model, "eager", None) in measured
+        for mode in ("compile", "stock_ca", "subclass_ca", "subclass_ca_strict"):
+            assert (model, mode, "aot_eager") in measured
+    settings = results["settings"]
+    for row in results["rows"]:
+        assert row["min"] <= row["q1"] <= row["median"] <= row["q3"] <= row["max"]
+        assert row["median"] > 0 and math.isfinite(row["cold_ms"])
+        if row["mode"] in _bench.CA_MODES:
+            assert row["captures"] >= 1, row  # the backward really went through compiled autograd
+        else:
+            assert row["captures"] == 0, row
+    assert results["steps"] == 1 + settings["warmup"] + settings["reps"] * settings["block"]
+
+
+@pytest.mark.slow
+def test_quick_run_reports_growth_memory_and_ratios(results):
+    growth = {(r["model"], r["mode"]) for r in results["growth"]}
+    assert growth == {(m, mode) for m in _bench_models.MODELS for mode in ("stock_ca", "subclass_ca")}
+    for row in results["growth"]:
+        assert row["recaptures"] == results["settings"]["recaptures"]
+    memory = {r["model"]: r for r in results["memory"]}
+    assert set(memory) == set(_bench_models.MODELS)
+    assert memory["pair"]["subclass_ca"]["make_subclass_nodes"] > 0
+    ratios = results["ratios"]
+    assert {r["model"] for r in ratios["subclass_ca_vs_stock"]} == set(_bench_models.MODELS)
+    assert {r["model"] for r in ratios["subclass_vs_plain"]} == set(_bench_models.MODELS) - {"plain"}
+    assert ratios["strict_vs_default"]
+
+
+@pytest.mark.slow
+def test_results_md_marks_every_target_and_the_cuda_column(quick_run, results):
+    out, _ = quick_run
+    text = (out / "RESULTS.md").read_text()
+    for statement in _bench.TARGETS.values():
+        line = next(line for line in text.splitlines() if line.startswith(f"| {statement} |"))
+        assert any(word in line for word in ("**met**", "**missed**", "not measured"))
+    assert "torch " in text and "command: `python -m subclass_ca bench --quick" in text
+    assert "CUDA" in text and "unmeasured" in text.lower()
+    assert "machine: pytest" in text
+
+
+def _synthetic_results(ours_ms: float, stock_ms: float) -> dict:
+    settings = _bench.BenchSettings(models=("plain", "pair"), sizes=("small",), backends=("aot_eager",), strict_backends=())
+    rows = []
+    for model in ("plain", "pair"):
+        for mode, ms in (("eager", 10.0), ("stock_ca", stock_ms), ("subclass_ca", ours_ms)):
+            stats = _bench._stats([ms, ms, ms])
+            rows.append({"model": model, "size": "small", "mode": mode, "backend": None if mode == "eager" else "aot_eager",
+                         "cold_ms": ms * 100, "captures": 1, "recompiles_after_warmup": 0, "cuda_peak_bytes": None, **stats})
+    results = {
+        "settings": {**_bench.dataclasses.asdict(settings), "command": "synthetic"},
+        "steps": 1, "wall_s": 0.0, "rows": rows, "growth": [], "memory": [],
+        "env": {"torch": "x", "python": "x", "platform": "x", "cpu": "x", "cpu_count": 1, "threads": 1,
+                "cuda_note": "unmeasured", "noise_note": "synthetic"},
+    }
+    results["ratios"] = _bench._ratios(rows, settings)
+    results["verdicts"] = _bench._verdicts(results)
+    return results
+
+
+def test_a_slower_subclass_ca_is_marked_missed_with_the_ratio():
+    results = _synthetic_results(ours_ms=1.2, stock_ms=1.0)
+    assert results["verdicts"]["steady"]["met"] is False
+    assert "1.200" in results["verdicts"]["steady"]["detail"]
+    assert "| subclass_ca / stock CA <= 1.00 (steady state) | **missed** |" in _bench.render_markdown(results)
+
+
+def test_a_faster_subclass_ca_is_marked_met():
+    results = _synthetic_results(ours_ms=0.9, stock_ms=1.0)
+    assert results["verdicts"]["steady"]["met"] is True
+    assert results["verdicts"]["vs_eager"]["met"] is True  # 10 ms eager / 0.9 ms
+    assert results["verdicts"]["callables"]["met"] is None  # no growth rows: not measured, not "met"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"models": ("nope",)}, "models"), ({"sizes": ()}, "sizes"), ({"device": "tpu"}, "device"),
+     ({"reps": 0}, "reps"), ({"recaptures": -1}, "recaptures"), ({"backends": ()}, "backends")],
+)
+def test_bench_settings_reject_bad_values_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"BenchSettings.{field}"):
+        _bench.BenchSettings(**kwargs)
+
+
+def test_cli_accepts_cuda_device_and_quick_preset():
+    settings = _bench.settings_from_args(["--quick", "--device", "cuda", "--reps", "2"])
+    assert settings.device == "cuda" and settings.reps == 2 and settings.sizes == ("small",)
+    assert settings.command == "python -m subclass_ca bench --quick --device cuda --reps 2"
+
+
+def test_bench_step_script_is_a_thin_entry_point():
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_step.py"), "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "--quick" in proc.stdout and "--device" in proc.stdout
