@@ -425,3 +425,121 @@ def is_compile_failure(error: BaseException) -> bool:
     """True for errors Dynamo or a backend raise while *compiling* (nothing has run yet)."""
     exc = importlib.import_module("torch._dynamo.exc")
     return isinstance(error, exc.TorchDynamoException)
+
+
+# --- autograd-engine final callbacks and FSDP2 hooks (Note [FSDP2 under compiled autograd], _fsdp2.py) ---
+
+import threading as _threading  # noqa: E402  (kept beside its only users)
+
+_engine_lock = _threading.Lock()
+_engine_local = _threading.local()
+_engine_swaps = 0
+_engine_saved: Any = None
+_collecting_engine: Any = None
+
+
+def final_callback_redirect_problem() -> str | None:
+    """Why engine final callbacks cannot be redirected on this torch (None: they can)."""
+    holder = getattr(torch.autograd, "Variable", None)
+    engine = getattr(holder, "_execution_engine", None)
+    if engine is None or not callable(getattr(engine, "queue_callback", None)):
+        return "torch.autograd.Variable._execution_engine.queue_callback is missing"
+    try:
+        type("_Probe", (type(engine),), {})
+    except TypeError as error:
+        return f"the autograd engine type {type(engine).__qualname__} cannot be subclassed ({error})"
+    return None
+
+
+def _engine_with_sink() -> Any:
+    """One process-wide engine object that behaves as torch's, except ``queue_callback``.
+
+    It subclasses torch's engine type (so Dynamo still recognises it) and routes
+    ``queue_callback`` to the calling thread's sink while one is active.
+    """
+    global _collecting_engine
+    if _collecting_engine is None:
+        base = type(torch.autograd.Variable._execution_engine)
+
+        def queue_callback(self: Any, callback: Callable[[], None]) -> None:
+            sinks = getattr(_engine_local, "sinks", None)
+            if sinks:
+                sinks[-1].append(callback)
+                return
+            base.queue_callback(self, callback)
+
+        cls = type("SubclassCACollectingEngine", (base,), {"queue_callback": queue_callback, "__module__": __name__})
+        _collecting_engine = cls()
+    return _collecting_engine
+
+
+@contextlib.contextmanager
+def collect_engine_callbacks(sink: list[Callable[[], None]]) -> Iterator[None]:
+    """While active on this thread, ``Variable._execution_engine.queue_callback(cb)`` appends to ``sink``.
+
+    torch 2.13's engine never runs final callbacks queued by eager code (hooks that
+    Dynamo graph-breaks on) while a compiled-autograd graph runs; the caller runs them.
+    """
+    global _engine_swaps, _engine_saved
+    holder = torch.autograd.Variable
+    with _engine_lock:
+        if _engine_swaps == 0:
+            _engine_saved = holder.__dict__.get("_execution_engine", holder._execution_engine)
+            holder._execution_engine = _engine_with_sink()
+        _engine_swaps += 1
+    sinks = getattr(_engine_local, "sinks", None)
+    if sinks is None:
+        sinks = _engine_local.sinks = []
+    sinks.append(sink)
+    try:
+        yield
+    finally:
+        sinks.pop()
+        with _engine_lock:
+            _engine_swaps -= 1
+            if _engine_swaps == 0:
+                holder._execution_engine = _engine_saved
+                _engine_saved = None
+
+
+def execution_engine() -> Any:
+    """The object ``torch.autograd.Variable._execution_engine`` currently holds."""
+    return torch.autograd.Variable._execution_engine
+
+
+def fsdp2_types() -> dict[str, type]:
+    """FSDP2's state and backward-hook Function classes on this torch ({} when absent)."""
+    found: dict[str, type] = {}
+    for name, dotted in (
+        ("FSDPModule", "torch.distributed.fsdp:FSDPModule"),
+        ("FSDPState", "torch.distributed.fsdp._fully_shard._fsdp_state:FSDPState"),
+        ("RegisterPreBackwardFunction", "torch.distributed.fsdp._fully_shard._fsdp_state:RegisterPreBackwardFunction"),
+        ("RegisterPostBackwardFunction", "torch.distributed.fsdp._fully_shard._fsdp_param_group:RegisterPostBackwardFunction"),
+    ):
+        try:
+            found[name] = _lookup(dotted)
+        except (ImportError, AttributeError):
+            continue
+    return found
+
+
+def fsdp2_state_of_hook(hook: Any) -> Any:
+    """The FSDP2 state or param group behind a compiled-autograd hook object, else None.
+
+    FSDP2 registers its pre-backward as a bound ``FSDPState._pre_backward`` tensor hook and
+    its post-backward as ``RegisterPostBackwardFunction`` (whose ctx carries ``param_group``).
+    """
+    types = fsdp2_types()
+    state_cls = types.get("FSDPState")
+    owner = getattr(hook, "__self__", None)
+    if state_cls is not None and isinstance(owner, state_cls):
+        return owner
+    forward_cls = getattr(type(hook), "_forward_cls", None) or getattr(hook, "_forward_cls", None)
+    for name in ("RegisterPostBackwardFunction", "RegisterPreBackwardFunction"):
+        cls = types.get(name)
+        if cls is not None and isinstance(forward_cls, type) and issubclass(forward_cls, cls):
+            return getattr(hook, "param_group", None) or getattr(hook, "state", None) or forward_cls
+    module = getattr(getattr(hook, "__func__", hook), "__module__", "") or ""
+    if module.startswith("torch.distributed.fsdp._fully_shard"):
+        return hook
+    return None

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from . import _capture, _compat, diagnostics
+from . import _capture, _compat, _fsdp2, diagnostics
 from .config import Config
 from .errors import UnsupportedSubclassError
 
@@ -40,12 +40,28 @@ class _CompiledCAGraph:
         self._report = report
         self._compiled = self._compile(fullgraph)
         self._checked = not fullgraph or not _capture.subclass_node_targets(graph_module.graph)
+        self._fsdp2: bool | None = None
 
     def _compile(self, fullgraph: bool) -> Any:
         config = self._config
         return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Note [FSDP2 under compiled autograd] in _fsdp2.py: detect FSDP2 hooks on the first
+        # run (before anything runs), and run the engine final callbacks eager hooks queue.
+        if self._fsdp2 is None:
+            self._fsdp2 = _fsdp2.prepare(self, args)
+        with _fsdp2.final_callbacks():
+            return self._run(*args, **kwargs)
+
+    def allow_graph_breaks(self, reason: str) -> None:
+        """Compile with graph breaks (fullgraph=False) from now on; the capture report records why."""
+        self._compiled = self._compile(False)
+        self._checked = True
+        self._report.fullgraph = False
+        self._report.fallbacks.append(reason)
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
         diagnostics.record_run(self._report)
         if self._checked:
             return self._compiled(*args, **kwargs)
@@ -140,6 +156,7 @@ class enable(contextlib.ContextDecorator):
         try:
             _capture.install(strict=self.config.strict, on_unsupported=self.config.on_unsupported)
             stack.callback(_capture.uninstall)
+            stack.enter_context(_compat.installed_workarounds())
             stack.enter_context(
                 _compat.enable_compiled_autograd(_make_compiler_fn(self.config), dynamic=self.config.dynamic)
             )

@@ -1,0 +1,423 @@
+"""FSDP2 (``fully_shard``) training under subclass_ca, verified against eager FSDP2 and a dense reference.
+
+``python -m subclass_ca.fsdp2 --nproc 2`` trains one small MLP (per-layer and root
+``fully_shard``, gloo on 127.0.0.1, different data per rank) in several modes and checks
+that every mode ends with the same sharded DTensor parameters and gradients as eager
+FSDP2 and as a single-process dense model trained on the rank-averaged gradient:
+
+* ``eager``       -- eager forward and backward (FSDP2's reference behaviour);
+* ``compile``     -- ``torch.compile(model)`` forward, eager backward;
+* ``subclass_ca`` -- ``torch.compile(model)`` forward, ``with subclass_ca.enable(): loss.backward()``;
+* ``stock_ca``    -- the same with torch's stock compiled autograd (``fullgraph=False``, as a
+  new user writes it): on torch 2.13 this one is wrong (see Note [FSDP2 under compiled
+  autograd] in ``_fsdp2.py``) and is reported, not hidden.
+
+The functions are building blocks for the demo and the benchmark: :func:`train_fsdp2`
+runs inside an initialised process group, :func:`launch` starts ``world_size`` processes
+with a bounded timeout, :func:`dense_reference` and :func:`verify_against_dense` do the
+checking.  See ``docs/distributed.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import importlib
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "MODES",
+    "FSDP2Run",
+    "build_model",
+    "rank_batch",
+    "train_fsdp2",
+    "dense_reference",
+    "verify_against_dense",
+    "compare_runs",
+    "launch",
+    "run_modes",
+    "main",
+]
+
+MODES: tuple[str, ...] = ("eager", "compile", "subclass_ca", "stock_ca")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FSDP2Run:
+    """One FSDP2 training run: the model, data and optimizer settings every mode shares."""
+
+    steps: int = 3
+    """SGD steps (each: zero_grad, forward, backward, step)."""
+    batch: int = 8
+    """Rows per rank and step (every rank gets different rows)."""
+    dims: tuple[int, ...] = (16, 32, 32, 8)
+    """MLP widths: Linear(dims[i], dims[i+1]) with ReLU between."""
+    lr: float = 0.1
+    """SGD learning rate."""
+    seed: int = 0
+    """Seed of the model initialisation (the data seed is derived from it, the step and the rank)."""
+    backend: str = "aot_eager"
+    """Backend of the compiled forward and of the CA graph."""
+    reshard_after_forward: bool = True
+    """``fully_shard(..., reshard_after_forward=...)`` of the per-layer modules."""
+    compile_forward: bool = True
+    """``torch.compile(model)`` the forward in the CA modes (False: eager forward, compiled backward)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"FSDP2Run.steps must be a positive int, got {self.steps!r}")
+        if not isinstance(self.batch, int) or self.batch < 1:
+            raise ValueError(f"FSDP2Run.batch must be a positive int, got {self.batch!r}")
+        if len(self.dims) < 2 or any(not isinstance(d, int) or d < 1 for d in self.dims):
+            raise ValueError(f"FSDP2Run.dims must be at least two positive ints, got {self.dims!r}")
+        for name in ("reshard_after_forward", "compile_forward"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"FSDP2Run.{name} must be True or False, got {getattr(self, name)!r}")
+
+
+def build_model(run: FSDP2Run) -> nn.Sequential:
+    """The dense MLP, identically initialised in every process (seeded)."""
+    torch.manual_seed(run.seed)
+    layers: list[nn.Module] = []
+    for i, (d_in, d_out) in enumerate(zip(run.dims, run.dims[1:])):
+        if i:
+            layers.append(nn.ReLU())
+        layers.append(nn.Linear(d_in, d_out))
+    return nn.Sequential(*layers)
+
+
+def rank_batch(run: FSDP2Run, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s (input, target) rows at ``step``: different on every rank and step."""
+    generator = torch.Generator().manual_seed(10_000 * (run.seed + 1) + 100 * step + rank)
+    x = torch.randn(run.batch, run.dims[0], generator=generator)
+    y = torch.randn(run.batch, run.dims[-1], generator=generator)
+    return x, y
+
+
+def _loss(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def _shard(model: nn.Sequential, run: FSDP2Run) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, reshard_after_forward=run.reshard_after_forward)
+    fully_shard(model)
+
+
+def _backward_context(mode: str, run: FSDP2Run) -> Any:
+    if mode == "subclass_ca":
+        from .api import enable
+
+        return enable(backend=run.backend)
+    if mode == "stock_ca":
+        from . import _compat
+
+        backend = run.backend
+        return _compat.enable_compiled_autograd(lambda gm: torch.compile(gm, backend=backend), dynamic=True)
+    return contextlib.nullcontext()
+
+
+def _snapshot(tensors: dict[str, torch.Tensor | None]) -> dict[str, Any]:
+    """Full (gathered) values, types, placements and local shard shapes of DTensors or plain tensors."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    out: dict[str, Any] = {}
+    for name, t in tensors.items():
+        if t is None:
+            out[name] = {"type": None}
+        elif isinstance(t, DTensor):
+            out[name] = {
+                "type": "DTensor",
+                "placements": tuple(str(p) for p in t.placements),
+                "sharded": any(isinstance(p, Shard) for p in t.placements),
+                "local_shape": tuple(t.to_local().shape),
+                "full": t.full_tensor().detach().clone(),
+            }
+        else:
+            out[name] = {"type": type(t).__name__, "placements": None, "sharded": False, "local_shape": tuple(t.shape), "full": t.detach().clone()}
+    return out
+
+
+def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: FSDP2Run | None = None) -> dict[str, Any]:
+    """Train the FSDP2 MLP for ``run.steps`` SGD steps in ``mode``; call in every rank of a process group.
+
+    Returns (identically on every rank, except ``local_shapes``) the parameters after the
+    last step, the gradients of every step, their types/placements, the losses and the
+    per-step wall times (``step_times``; the first includes compilation).
+    """
+    import torch.distributed as dist
+
+    run = run or FSDP2Run()
+    if mode not in MODES:
+        raise ValueError(f"train_fsdp2(mode=...): got {mode!r}, allowed values are {MODES}")
+    if not dist.is_initialized() or dist.get_world_size() != world_size or dist.get_rank() != rank:
+        raise RuntimeError(f"train_fsdp2 needs an initialised process group of size {world_size} (rank {rank})")
+    model = build_model(run)
+    _shard(model, run)
+    forward: Callable[..., torch.Tensor] = model
+    if mode in ("compile", "stock_ca") or (mode == "subclass_ca" and run.compile_forward):
+        forward = torch.compile(model, backend=run.backend)
+    optimizer = torch.optim.SGD(model.parameters(), lr=run.lr)
+    losses, step_times, grads = [], [], []
+    for step in range(run.steps):
+        x, y = rank_batch(run, rank, step)
+        dist.barrier()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = _loss(forward, x, y)
+        with _backward_context(mode, run):
+            loss.backward()
+        grads.append(_snapshot({n: p.grad for n, p in model.named_parameters()}))
+        optimizer.step()
+        step_times.append(time.perf_counter() - start)
+        losses.append(float(loss.detach()))
+    params = _snapshot(dict(model.named_parameters()))
+    return {
+        "mode": mode,
+        "rank": rank,
+        "world_size": world_size,
+        "run": dataclasses.asdict(run),
+        "params": params,
+        "grads": grads,
+        "losses": losses,
+        "step_times": step_times,
+    }
+
+
+def dense_reference(run: FSDP2Run, world_size: int) -> dict[str, Any]:
+    """Single-process dense training on the rank-averaged gradient (what FSDP2 must reproduce)."""
+    model = build_model(run)
+    optimizer = torch.optim.SGD(model.parameters(), lr=run.lr)
+    grads = []
+    for step in range(run.steps):
+        optimizer.zero_grad(set_to_none=True)
+        total = sum(_loss(model, *rank_batch(run, rank, step)) for rank in range(world_size))
+        (total / world_size).backward()
+        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+        optimizer.step()
+    return {"params": {n: p.detach().clone() for n, p in model.named_parameters()}, "grads": grads}
+
+
+def _full_problems(label: str, got: dict[str, Any], want: dict[str, torch.Tensor], tolerance: dict[str, float]) -> list[str]:
+    problems = []
+    for name, expected in want.items():
+        entry = got.get(name, {"type": None})
+        if entry["type"] != "DTensor":
+            problems.append(f"{label} {name}: expected a sharded DTensor, got {entry['type']}")
+            continue
+        if not entry["sharded"]:
+            problems.append(f"{label} {name}: expected a Shard placement, got {entry['placements']}")
+        try:
+            torch.testing.assert_close(entry["full"], expected, **tolerance)
+        except AssertionError as error:
+            first = str(error).strip().splitlines()
+            problems.append(f"{label} {name}: value differs ({'; '.join(first[:3])})")
+    return problems
+
+
+def verify_against_dense(
+    result: dict[str, Any], reference: dict[str, Any], *, atol: float | None = None, rtol: float | None = None
+) -> list[str]:
+    """Problems (empty: none) between one rank's FSDP2 result and the dense reference.
+
+    Every parameter and every step's gradient must be a sharded DTensor whose full value
+    matches the reference (default float tolerances: reduce-scatter sums in another order).
+    """
+    tolerance = {} if atol is None and rtol is None else {"atol": atol or 0.0, "rtol": rtol or 0.0}
+    problems = _full_problems(f"[{result['mode']}] param", result["params"], reference["params"], tolerance)
+    for step, (got, want) in enumerate(zip(result["grads"], reference["grads"])):
+        problems += _full_problems(f"[{result['mode']}] step {step} grad", got, want, tolerance)
+    return problems
+
+
+def compare_runs(result: dict[str, Any], baseline: dict[str, Any], *, atol: float = 0.0, rtol: float = 0.0) -> list[str]:
+    """Problems between two FSDP2 runs (e.g. subclass_ca vs eager FSDP2): types, placements, values."""
+    tolerance = {"atol": atol, "rtol": rtol}
+    label = f"[{result['mode']} vs {baseline['mode']}]"
+    want = {n: e["full"] for n, e in baseline["params"].items() if e["type"] is not None}
+    problems = _full_problems(f"{label} param", result["params"], want, tolerance)
+    for step, (got, base) in enumerate(zip(result["grads"], baseline["grads"])):
+        want = {n: e["full"] for n, e in base.items() if e["type"] is not None}
+        problems += _full_problems(f"{label} step {step} grad", got, want, tolerance)
+        for name, entry in base.items():
+            if entry["type"] is not None and got[name].get("local_shape") != entry["local_shape"]:
+                problems.append(f"{label} step {step} grad {name}: local shard {got[name].get('local_shape')} != {entry['local_shape']}")
+    return problems
+
+
+# --- multi-process launcher ------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _resolve(target: str) -> Callable[..., Any]:
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _worker(rank: int, world_size: int, port: int, target: str, kwargs: dict[str, Any], out_dir: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        try:
+            result: Any = {"ok": _resolve(target)(rank, world_size, **kwargs)}
+        except BaseException as error:  # noqa: BLE001 - reported to the parent
+            result = {"error": error, "error_type": type(error).__name__, "message": str(error)}
+        try:
+            torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        except Exception:  # noqa: BLE001 - an unpicklable error: keep its text
+            torch.save({"error_type": result.get("error_type"), "message": result.get("message")},
+                       os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(
+    target: str | Callable[..., Any], world_size: int = 2, *, timeout_s: float = 120.0, **kwargs: Any
+) -> list[dict[str, Any]]:
+    """Run ``target(rank, world_size, **kwargs)`` in ``world_size`` fresh processes (gloo, 127.0.0.1).
+
+    ``target`` is ``"module:function"`` (or a module-level function).  Returns one dict per
+    rank: ``{"ok": value}`` or ``{"error": exc, "error_type": ..., "message": ...}``.  Processes
+    still alive after ``timeout_s`` are terminated and a ``TimeoutError`` is raised.
+    """
+    import torch.multiprocessing as mp
+
+    if callable(target):
+        target = f"{target.__module__}:{target.__qualname__}"
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="subclass_ca_fsdp2_") as out_dir:
+        procs = [ctx.Process(target=_worker, args=(r, world_size, port, target, kwargs, out_dir), daemon=True)
+                 for r in range(world_size)]
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            for proc in procs:
+                proc.join(max(deadline - time.monotonic(), 0.0))
+        finally:
+            stuck = [p for p in procs if p.is_alive()]
+            for proc in stuck:
+                proc.terminate()
+            for proc in stuck:
+                proc.join(5)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(5)
+        if stuck:
+            raise TimeoutError(f"{target}: {len(stuck)} of {world_size} ranks still running after {timeout_s:.0f} s (terminated)")
+        results = []
+        for rank, proc in enumerate(procs):
+            path = os.path.join(out_dir, f"rank{rank}.pt")
+            if not os.path.exists(path):
+                raise RuntimeError(f"{target}: rank {rank} exited with code {proc.exitcode} without a result")
+            results.append(torch.load(path, weights_only=False))
+    return results
+
+
+def run_modes(
+    modes: Sequence[str] = MODES, *, world_size: int = 2, run: FSDP2Run | None = None, timeout_s: float = 120.0
+) -> dict[str, list[dict[str, Any]]]:
+    """All ``modes`` in one launch (one process group, modes run one after another)."""
+    run = run or FSDP2Run()
+    results = launch(f"{__name__}:_train_modes", world_size, timeout_s=timeout_s, modes=tuple(modes), run=run)
+    by_mode: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    for rank, result in enumerate(results):
+        if "ok" not in result:
+            raise RuntimeError(f"FSDP2 rank {rank} failed: {result.get('error_type')}: {result.get('message')}")
+        for mode, value in result["ok"].items():
+            by_mode[mode].append(value)
+    return by_mode
+
+
+def _train_modes(rank: int, world_size: int, *, modes: Sequence[str], run: FSDP2Run) -> dict[str, Any]:
+    from .api import reset
+
+    out: dict[str, Any] = {}
+    for mode in modes:
+        reset()
+        try:
+            out[mode] = train_fsdp2(rank, world_size, mode=mode, run=run)
+        except Exception as error:  # noqa: BLE001 - one mode's failure is a result, not a crash
+            out[mode] = {"mode": mode, "error_type": type(error).__name__, "message": str(error)}
+    return out
+
+
+# --- CLI ---------------------------------------------------------------------------
+
+
+def _median_step(result: dict[str, Any]) -> float:
+    times = result["step_times"][1:] or result["step_times"]
+    return statistics.median(times)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m subclass_ca.fsdp2", description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, default=2, help="world size (processes on 127.0.0.1, gloo)")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    parser.add_argument("--backend", default="aot_eager")
+    parser.add_argument("--no-reshard-after-forward", action="store_true")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are terminated")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"--modes: unknown {unknown}; allowed values are {list(MODES)}")
+    run = FSDP2Run(steps=args.steps, backend=args.backend, reshard_after_forward=not args.no_reshard_after_forward)
+    by_mode = run_modes(modes, world_size=args.nproc, run=run, timeout_s=args.timeout)
+    reference = dense_reference(run, args.nproc)
+    eager = by_mode.get("eager", [None])[0]
+    print(f"FSDP2 MLP {run.dims}, world_size {args.nproc}, {run.steps} SGD steps, backend {run.backend}")
+    print(f"{'mode':12s} {'median step ms':>15s}  {'vs dense':10s} {'vs eager FSDP2':15s}")
+    failed = False
+    for mode, per_rank in by_mode.items():
+        result = per_rank[0]
+        if "error_type" in result:
+            print(f"{mode:12s} {'-':>15s}  error: {result['error_type']}: {result['message'].splitlines()[0]}")
+            failed = failed or mode != "stock_ca"
+            continue
+        dense_problems = [p for r in per_rank for p in verify_against_dense(r, reference)]
+        eager_problems = [] if eager is None or "error_type" in eager else compare_runs(result, eager)
+        status = "ok" if not dense_problems else f"WRONG({len(dense_problems)})"
+        vs_eager = "-" if eager is None else ("equal" if not eager_problems else f"differs({len(eager_problems)})")
+        print(f"{mode:12s} {1e3 * _median_step(result):15.2f}  {status:10s} {vs_eager:15s}")
+        for problem in dense_problems[:3]:
+            print(f"    {problem}")
+        if mode != "stock_ca":
+            failed = failed or bool(dense_problems)
+    if "stock_ca" in by_mode:
+        print("stock_ca is torch's own compiled autograd (fullgraph=False), shown for comparison; see docs/distributed.md")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
