@@ -343,6 +343,27 @@ def _growth(settings: BenchSettings, bar: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _entry_overhead(settings: BenchSettings, repeats: int = 2000) -> dict[str, float]:
+    """Microseconds to enter and exit each mode's context once (paid per step when a step is wrapped)."""
+    backend = settings.backends[0]
+    stock_fn = _compat.stock_ca_compiler(backend)
+    ours, strict = _api.enable(backend), _api.enable(backend, strict=True)
+    contexts = {
+        "stock_ca": lambda: _compat.stock_compiled_autograd(stock_fn),
+        "subclass_ca": lambda: ours,
+        "subclass_ca_strict": lambda: strict,
+    }
+    samples: dict[str, list[float]] = {mode: [] for mode in contexts}
+    for _ in range(5):  # interleaved rounds
+        for mode, context in contexts.items():
+            t0 = time.perf_counter()
+            for _ in range(repeats // 5):
+                with context():
+                    pass
+            samples[mode].append((time.perf_counter() - t0) * 1e6 / (repeats // 5))
+    return {mode: statistics.median(values) for mode, values in samples.items()}
+
+
 def _memory(settings: BenchSettings) -> list[dict[str, Any]]:
     """CA-graph liveness (stock vs ours) per model, first size, accumulating into existing grads."""
     rows = []
@@ -547,6 +568,12 @@ def render_markdown(results: dict[str, Any]) -> str:
         out.append(f"| {r['model']} | {r['size']} | {us['make_subclass_nodes']} | {st['make_subclass_args']} / {us['make_subclass_args']} | "
                    f"{st['peak_bytes'] / 1024:.1f} / {us['peak_bytes'] / 1024:.1f} | "
                    f"{st['epilogue_mean_bytes'] / 1024:.1f} / {us['epilogue_mean_bytes'] / 1024:.1f} |")
+    entry = results.get("entry_overhead_us") or {}
+    if entry:
+        out += ["", "## Context entry overhead", "",
+                "Microseconds to enter and exit each mode's context once (a step wrapped in the context pays it every step).",
+                "", "| mode | µs per enter+exit |", "|---|---:|"]
+        out += [f"| {mode} | {us:.1f} |" for mode, us in entry.items()]
     cuda_rows = [r for r in results["rows"] if r["cuda_peak_bytes"] is not None]
     out += ["", "### CUDA peak memory of one step (torch.cuda.max_memory_allocated)", ""]
     if cuda_rows:
@@ -556,6 +583,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         out.append("Unmeasured: no CUDA device on the machine that produced these results (run with `--device cuda`).")
     if results.get("chart"):
         out += ["", f"![ms per step]({results['chart']})"]
+    if results.get("notes"):
+        out += ["", results["notes"].rstrip()]
     out.append("")
     return "\n".join(out)
 
@@ -622,6 +651,7 @@ def run(settings: BenchSettings) -> dict[str, Any]:
             rows = _summaries(configs)
             growth = _growth(settings, bar)
             memory = _memory(settings)
+            entry = _entry_overhead(settings)
         finally:
             bar.close()
     results: dict[str, Any] = {
@@ -637,6 +667,7 @@ def run(settings: BenchSettings) -> dict[str, Any]:
         "rows": rows,
         "growth": growth,
         "memory": memory,
+        "entry_overhead_us": entry,
     }
     results["ratios"] = _ratios(rows, settings)
     results["verdicts"] = _verdicts(results)
@@ -661,6 +692,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--note", help="free text about the machine (shared, noisy, ...) recorded in RESULTS.md")
+    p.add_argument("--render", metavar="RESULTS_JSON", help="do not measure: re-render RESULTS.md and the chart from a results.json")
+    p.add_argument("--append", metavar="MARKDOWN", help="append this markdown file (e.g. an analysis) to RESULTS.md")
     return p
 
 
@@ -684,10 +717,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and write RESULTS.md, results.json and bench.png; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     settings = settings_from_args(argv)
-    note = _parser().parse_args(argv).note
-    if note:
-        os.environ["SUBCLASS_CA_BENCH_NOTE"] = note
-    results = run(settings)
+    args = _parser().parse_args(argv)
+    if args.note:
+        os.environ["SUBCLASS_CA_BENCH_NOTE"] = args.note
+    if args.render:
+        with open(args.render) as f:
+            results = json.load(f)
+    else:
+        results = run(settings)
+    if args.append:
+        with open(args.append) as f:
+            results["notes"] = f.read()
     os.makedirs(settings.out_dir, exist_ok=True)
     chart = os.path.join(settings.out_dir, "bench.png")
     if settings.plot and _plot(results, chart):

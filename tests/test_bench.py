@@ -75,6 +75,21 @@ def test_quick_run_reports_growth_memory_and_ratios(results):
     assert {r["model"] for r in ratios["subclass_ca_vs_stock"]} == set(_bench_models.MODELS)
     assert {r["model"] for r in ratios["subclass_vs_plain"]} == set(_bench_models.MODELS) - {"plain"}
     assert ratios["strict_vs_default"]
+    assert set(results["entry_overhead_us"]) == {"stock_ca", "subclass_ca", "subclass_ca_strict"}
+    assert all(us > 0 for us in results["entry_overhead_us"].values())
+
+
+@pytest.mark.slow
+def test_render_rewrites_results_md_from_json_with_appended_notes(quick_run, results, tmp_path):
+    out, _ = quick_run
+    notes = tmp_path / "notes.md"
+    notes.write_text("## Analysis\n\nhand-written words\n")
+    rendered = tmp_path / "rendered"
+    code = _bench.main(["--render", str(out / "results.json"), "--append", str(notes), "--out-dir", str(rendered), "--no-plot"])
+    assert code == 0
+    text = (rendered / "RESULTS.md").read_text()
+    assert text.rstrip().endswith("hand-written words")
+    assert "| subclass_ca / stock CA <= 1.00 (steady state) |" in text
 
 
 @pytest.mark.slow
