@@ -28,11 +28,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["Scenario", "ScenarioContext", "ScenarioSkip", "SCENARIOS", "scenario_names", "get_scenario"]
+__all__ = ["Scenario", "ScenarioContext", "ScenarioSkip", "ScenarioConfigError", "SCENARIOS", "scenario_names", "get_scenario"]
 
 
 class ScenarioSkip(Exception):
     """Raised by a scenario program that does not apply to the subclass under test."""
+
+
+class ScenarioConfigError(ValueError):
+    """Raised by a scenario program whose configuration is wrong (reported as a failure)."""
 
 
 Factory = Callable[[torch.Tensor], torch.Tensor]
@@ -130,7 +134,7 @@ def _param_grad(ctx: ScenarioContext) -> dict[str, Any]:
 
     loss = ctx.compile(fn)(x, w)
     ctx.backward(loss)
-    return {"loss": loss.detach(), **_grads(w=w)}
+    return {"loss": loss, **_grads(w=w)}
 
 
 @scenario("frozen_weight", "frozen subclass weight with trainable plain neighbours (LoRA-like)")
@@ -145,7 +149,7 @@ def _frozen_weight(ctx: ScenarioContext) -> dict[str, Any]:
 
     loss = ctx.compile(fn)(x, base, lora_a, lora_b)
     ctx.backward(loss)
-    return {"loss": loss.detach(), "base.grad": base.grad, **_grads(lora_a=lora_a, lora_b=lora_b, x=x)}
+    return {"loss": loss, "base.grad": base.grad, **_grads(lora_a=lora_a, lora_b=lora_b, x=x)}
 
 
 @scenario("activation", "a subclass intermediate activation inside the compiled region (saved for backward)")
@@ -160,7 +164,7 @@ def _activation(ctx: ScenarioContext) -> dict[str, Any]:
 
     loss = ctx.compile(fn)(x, w)
     ctx.backward(loss)
-    return {"loss": loss.detach(), **_grads(x=x, w=w)}
+    return {"loss": loss, **_grads(x=x, w=w)}
 
 
 @scenario("gradient_type", "the subclass as the gradient (tangent) type: out.backward(make_tensor(g))")
@@ -173,7 +177,7 @@ def _gradient_type(ctx: ScenarioContext) -> dict[str, Any]:
 
     out = ctx.compile(fn)(x, w)
     ctx.backward(out, ctx.subclass(ctx.dense(3, 4, offset=2)))
-    return {"out": out.detach(), **_grads(w=w, x=x)}
+    return {"out": out, **_grads(w=w, x=x)}
 
 
 class _ScaledTanh(torch.autograd.Function):
@@ -201,7 +205,7 @@ def _autograd_function(ctx: ScenarioContext) -> dict[str, Any]:
 
     out = ctx.compile(fn)(x, w)
     ctx.backward(out, ctx.subclass(ctx.dense(3, 4, offset=2)))
-    return {"out": out.detach(), **_grads(w=w, x=x)}
+    return {"out": out, **_grads(w=w, x=x)}
 
 
 @scenario("optimizer", "mixed plain + subclass parameters, torch.optim.SGD over 3 steps")
@@ -221,9 +225,8 @@ def _optimizer(ctx: ScenarioContext) -> dict[str, Any]:
         loss = step(ctx.subclass(ctx.dense(3, 4, offset=10 + index)), w, proj, bias)
         ctx.backward(loss)
         optimizer.step()
-        results[f"step{index}.loss"] = loss.detach()
-    with torch.no_grad():
-        results.update({"w": w.detach(), "proj": proj.detach(), "bias": bias.detach()})
+        results[f"step{index}.loss"] = loss
+    results.update({"w": w, "proj": proj, "bias": bias})
     return results
 
 
@@ -238,7 +241,7 @@ def _hook(ctx: ScenarioContext) -> dict[str, Any]:
 
     out = ctx.compile(fn)(x, w)
     ctx.backward(out, ctx.subclass(ctx.dense(3, 4, offset=2)))
-    return {"out": out.detach(), **_grads(w=w, x=x)}
+    return {"out": out, **_grads(w=w, x=x)}
 
 
 @scenario(
@@ -258,7 +261,7 @@ def _hook_intermediate(ctx: ScenarioContext) -> dict[str, Any]:
 
     out = ctx.compile(fn)(x, w)
     ctx.backward(out, ctx.subclass(ctx.dense(3, 4, offset=2)))
-    return {"out": out.detach(), **_grads(w=w, x=x)}
+    return {"out": out, **_grads(w=w, x=x)}
 
 
 @scenario("dynamic_batch", "the batch size changes between steps (3, 5, 2)")
@@ -274,7 +277,7 @@ def _dynamic_batch(ctx: ScenarioContext) -> dict[str, Any]:
         x = ctx.leaf(ctx.dense(batch, 4, offset=batch))
         out = step(x, w)
         ctx.backward(out, ctx.subclass(ctx.dense(batch, 4, offset=100 + batch)))
-        results.update({f"batch{batch}.out": out.detach(), f"batch{batch}.x.grad": x.grad, f"batch{batch}.w.grad": w.grad})
+        results.update({f"batch{batch}.out": out, f"batch{batch}.x.grad": x.grad, f"batch{batch}.w.grad": w.grad})
         w.grad = None
     return results
 
@@ -296,7 +299,7 @@ def _metadata_change(ctx: ScenarioContext) -> dict[str, Any]:
         )
     variant_probe = ctx.subclass(ctx.dense(3, 4), variant=True)
     if type(variant_probe) is type(probe) and _equal_context(_flatten_context(probe), _flatten_context(variant_probe)):
-        raise ValueError(
+        raise ScenarioConfigError(
             f"make_variant builds {type(probe).__qualname__} tensors with the same flatten context as make_tensor "
             f"({_flatten_context(probe)!r}); it must change the constant metadata"
         )
@@ -311,7 +314,7 @@ def _metadata_change(ctx: ScenarioContext) -> dict[str, Any]:
         x = ctx.leaf(ctx.dense(3, 4, offset=1), variant=variant)
         out = step(x, w)
         ctx.backward(out, ctx.subclass(ctx.dense(3, 4, offset=2), variant=variant))
-        results.update({f"{label}.out": out.detach(), f"{label}.w.grad": w.grad, f"{label}.x.grad": x.grad})
+        results.update({f"{label}.out": out, f"{label}.w.grad": w.grad, f"{label}.x.grad": x.grad})
     return results
 
 

@@ -24,7 +24,7 @@ import torch
 
 import subclass_ca
 
-from .scenarios import SCENARIOS, Scenario, ScenarioContext, ScenarioSkip, get_scenario, iter_scenarios
+from .scenarios import SCENARIOS, Scenario, ScenarioConfigError, ScenarioContext, ScenarioSkip, get_scenario, iter_scenarios
 
 __all__ = [
     "check_subclass",
@@ -118,7 +118,7 @@ def _compare(eager: Any, ca: Any, path: str, out: _Comparison, atol: float | Non
             out.problems.append(
                 f"{path}: flatten context {ca.context!r} under CA, {eager.context!r} in eager (stale metadata?)"
             )
-        _compare(eager.inner, ca.inner, f"{path}.", out, atol, rtol)
+        _compare(eager.inner, ca.inner, f"{path}." if path else "", out, atol, rtol)
         return
     if isinstance(eager, torch.Tensor) and isinstance(ca, torch.Tensor):
         _compare_tensors(eager, ca, path, out, atol, rtol)
@@ -278,6 +278,8 @@ def run_scenario(
         eager = _run_program(scenario, make_tensor, make_variant, make_plain, torch_device, "eager", backend)
     except ScenarioSkip as skip:
         return done("skip", str(skip))
+    except ScenarioConfigError as error:
+        return done("fail", f"misconfigured: {error}")
     except Exception as error:  # noqa: BLE001
         return done("skip", f"the eager reference run raised {_error_text(error)} (the subclass does not support this "
                     "scenario outside subclass_ca)")
