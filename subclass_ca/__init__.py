@@ -15,6 +15,7 @@ from .diagnostics import CaptureReport, clear_reports, last_report, reports
 from .errors import (
     DuplicateHandlerError,
     FSDP2UnsupportedError,
+    HookOnSubclassError,
     MetadataMismatchError,
     RebuildError,
     RegistrationError,
@@ -56,6 +57,7 @@ __all__ = [
     "MetadataMismatchError",
     "UnsupportedSubclassError",
     "FSDP2UnsupportedError",
+    "HookOnSubclassError",
     # versions
     "TORCH_VERSION",
     "SUPPORTED_TORCH",

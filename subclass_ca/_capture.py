@@ -29,11 +29,19 @@ one that passes *our* override.  For each subclass-typed gradient the override:
 The callables are created once per process and reused by every capture; the stock
 prologue closure is also reused per AOT function (``_compat.stable_prologue_callables``),
 so recaptures add nothing to Dynamo's allow_in_graph set.
+
+Two cases the epilogue alone does not reach use the same recipes and named nodes (see the
+Notes below and docs/design.md): a subclass gradient whose ``new_empty_strided`` loses the
+type is stolen into ``.grad`` the way eager does (Note [Subclass gradients and
+AccumulateGrad]), and a tensor hook on a subclass intermediate is desugared to its inner
+tensors for Dynamo's ``trace_wrapped`` HOP (Note [Hooks on subclass intermediates]).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import itertools
 import re
 import threading
@@ -44,7 +52,7 @@ from typing import Any
 import torch
 
 from . import _compat, diagnostics
-from .errors import MetadataMismatchError, RebuildError, UnsupportedSubclassError
+from .errors import HookOnSubclassError, MetadataMismatchError, RebuildError, UnsupportedSubclassError
 from .handler import Handler, default_handler
 from .registry import get_handler
 
@@ -430,6 +438,10 @@ def _make_override(compiler: Any, examples: list[Any] | None) -> Any:
             dummy = torch.empty_strided(size, stride, dtype=metadata["dtype"], device=metadata["device"])
         _compat.bind_dummy(compiler, dummy, proxy)
         proxy.node.meta["subclass_ca"] = {**metadata, "mode": mode, "recipe": recipe_id}
+        # Note [Subclass gradients and AccumulateGrad]: does a fresh .grad keep the type?
+        proxy.node.meta["subclass_ca"]["alloc_keeps_type"] = _allocation_keeps_type(
+            recipe, _example_outputs(examples, start, count)
+        )
         diagnostics.record_subclass_node(recipe.subclass_type.__name__, mode)
         return dummy
 
@@ -509,3 +521,184 @@ def retarget_to_opaque(graph_module: torch.fx.GraphModule) -> list[type]:
             switched.append(cls)
     graph_module.recompile()
     return switched
+
+
+# --- AccumulateGrad of subclass gradients ----------------------------------------
+#
+# Note [Subclass gradients and AccumulateGrad]
+# --------------------------------------------
+# Eager AccumulateGrad *steals* a fresh gradient (``param.grad = grad``) when nothing else
+# holds it and its strides match the parameter's, so a subclass-typed gradient stays
+# subclass-typed.  Under compiled autograd the gradient is a graph value that is always
+# referenced, so torch's AccumulateGrad (``call_accumulate_grad``) never steals: it
+# allocates with ``grad.new_empty_strided(param.size(), param.stride())`` and ``copy_``s
+# into it.  A subclass whose ``__torch_dispatch__`` answers ``new_empty_strided`` with a
+# plain tensor (it implements compute ops only) therefore ends up with a dense ``.grad``.
+# At capture we probe ``new_empty_strided`` on the rebuilt fake gradient; where it loses
+# the type, :func:`steal_subclass_accumulates` retargets that parameter's first
+# accumulation (``.grad`` was None at capture) to :func:`accumulate_subclass_grad`, which
+# steals exactly when eager does (matching strides) and defers to torch otherwise.
+# Accumulating into an existing ``.grad`` is left to torch (``grad + new``), as in eager.
+
+_stock_accumulate: Any = None
+
+
+def _allocation_keeps_type(recipe: Recipe, examples: list[Any] | None) -> bool | None:
+    """Whether ``new_empty_strided`` on the rebuilt gradient returns the subclass (None: unknown)."""
+    if examples is None or recipe.handler.mode == "opaque":
+        return None
+    try:
+        with _compat.outside_tracing():
+            fake_mode = _compat.fake_mode_of([e for e in examples if isinstance(e, torch.Tensor)])
+            with fake_mode if fake_mode is not None else contextlib.nullcontext():
+                example = rebuild(recipe, examples)
+                fresh = example.new_empty_strided(example.size(), example.stride())
+    except Exception:  # noqa: BLE001 - the subclass cannot allocate at all: torch's path decides
+        return None
+    return isinstance(fresh, recipe.subclass_type)
+
+
+def accumulate_subclass_grad(
+    variable: torch.Tensor, variable_grad: torch.Tensor | None, grad: torch.Tensor, has_post_hooks: bool | None = None
+) -> torch.Tensor | None:
+    """AccumulateGrad for a subclass gradient, stealing it the way eager does.
+
+    See Note [Subclass gradients and AccumulateGrad]; Dynamo inlines this function.
+    """
+    if variable_grad is None and grad.stride() == variable.stride():
+        variable.grad = grad
+        return grad
+    return _stock_accumulate(variable, variable_grad, grad, has_post_hooks)
+
+
+def steal_subclass_accumulates(graph_module: torch.fx.GraphModule) -> list[str]:
+    """Retarget first accumulations of type-losing subclass grads; returns the subclass names."""
+    global _stock_accumulate
+    stock = _compat.call_accumulate_grad()
+    _stock_accumulate = stock
+    retargeted = []
+    for node in list(graph_module.graph.nodes):
+        if node.op != "call_function" or node.target is not stock or len(node.args) < 3:
+            continue
+        grad = node.args[2]
+        meta = grad.meta.get("subclass_ca") if isinstance(grad, torch.fx.Node) else None
+        if node.args[1] is None and meta is not None and meta.get("alloc_keeps_type") is False:
+            node.target = accumulate_subclass_grad
+            retargeted.append(grad.target._subclass_ca_type.__name__)
+    if retargeted:
+        graph_module.recompile()
+    return retargeted
+
+
+# --- tensor hooks on subclass intermediates -------------------------------------
+#
+# Note [Hooks on subclass intermediates]
+# --------------------------------------
+# When the forward is traced with compiled autograd on, Dynamo defers a hook on an
+# intermediate (``y.register_hook(fn)``) to the backward: the forward graph registers
+# ``partial(trace_wrapped, fn=call_hook_from_backward_state, ...)`` on ``y``, and when
+# AOTAutograd traces the joint graph that hook runs on ``y``'s gradient.  For a subclass
+# gradient the ``trace_wrapped`` HOP has no subclass rule ("no rule registered for HOP
+# trace_wrapped and subclass ...") and the forward fails to compile.
+#
+# :func:`subclass_trace_wrapped` (swapped in for Dynamo's ``trace_wrapped`` only inside
+# ``enable()``, ``_compat.swapped_trace_wrapped``) desugars the subclass the same way our
+# epilogue does: the HOP gets the gradient's plain inner tensors, so the AOT backward graph
+# stays plain; at CA time Dynamo inlines :func:`_hook_on_rebuilt`, which rebuilds the
+# gradient through the named ``subclass_ca_make_<Type>`` node (a recipe like any other),
+# calls the user's hook on it and flattens the result back with ``subclass_ca_flatten``.
+
+class _NotDesugarable(Exception):
+    """Internal: this value cannot travel through trace_wrapped as plain inner tensors."""
+
+
+def _recipe_from_instance(tensor: torch.Tensor, flat: list[torch.Tensor]) -> Recipe:
+    """A Recipe rebuilding ``tensor`` from ``flat`` (appended to, in flatten order, recursively)."""
+    cls = type(tensor)
+    names, ctx = tensor.__tensor_flatten__()
+    handler = get_handler(cls)
+    start = len(flat)
+    parts: list[tuple[str, Any]] = []
+    for name in names:
+        inner = getattr(tensor, name)
+        if not isinstance(inner, torch.Tensor):
+            raise _NotDesugarable(f"its flatten attribute {name!r} is a {type(inner).__name__}, not a tensor")
+        if _compat.is_traceable_wrapper_subclass(inner):
+            parts.append((name, _recipe_from_instance(inner, flat)))
+        else:
+            parts.append((name, len(flat)))
+            flat.append(inner)
+    size, stride = tuple(tensor.size()), tuple(tensor.stride())
+    if not all(isinstance(d, int) for d in (*size, *stride)):
+        raise _NotDesugarable(f"its outer size {list(size)} is symbolic (dynamic shapes)")
+    key = (
+        handler, cls, _metadata_key(handler, ctx),
+        tuple((attr, part.key if isinstance(part, Recipe) else part) for attr, part in parts),
+        size, stride, len(flat) - start, "hook",
+    )
+    return Recipe(
+        handler=handler, subclass_type=cls, ctx=ctx, parts=tuple(parts), outer_size=size, outer_stride=stride,
+        symint_start=len(flat), symint_end=len(flat), arg_count=len(flat) - start, key=key,
+    )
+
+
+def _flatten_like(recipe: Recipe, tensor: Any, out: list[torch.Tensor]) -> None:
+    if type(tensor) is not recipe.subclass_type:
+        raise HookOnSubclassError(
+            f"a tensor hook on a {recipe.subclass_type.__qualname__} intermediate returned a "
+            f"{type(tensor).__qualname__}; inside compiled autograd a hook must return None or a gradient of the "
+            f"same subclass ({recipe.subclass_type.__qualname__}) and layout. Return a "
+            f"{recipe.subclass_type.__qualname__} from the hook."
+        )
+    names, _ = tensor.__tensor_flatten__()
+    for name, (_, part) in zip(names, recipe.parts):
+        inner = getattr(tensor, name)
+        if isinstance(part, Recipe):
+            _flatten_like(part, inner, out)
+        else:
+            out.append(inner)
+
+
+def _flatten_for_hook(tensor: torch.Tensor, *, recipe: int) -> tuple[torch.Tensor, ...]:
+    out: list[torch.Tensor] = []
+    _flatten_like(_recipes[recipe], tensor, out)
+    return tuple(out)
+
+
+_flatten_for_hook.__name__ = _flatten_for_hook.__qualname__ = "flatten"
+_flatten_for_hook.__module__ = "subclass_ca"
+_flatten_callable: Any = None
+
+
+def _hook_on_rebuilt(flat: Any, *, hook_fn: Any, make: Any, flatten: Any, recipe: int, **kwargs: Any) -> Any:
+    """Traced by Dynamo at CA time: rebuild the subclass gradient, run the hook, flatten its result."""
+    grad = make(*flat, recipe=recipe)
+    result = hook_fn(grad, **kwargs)
+    if result is None:
+        return flat
+    return flatten(result, recipe=recipe)
+
+
+def subclass_trace_wrapped(*args: Any, fn: Any, **kwargs: Any) -> Any:
+    """Dynamo's ``trace_wrapped`` with subclass gradients desugared (Note [Hooks on subclass intermediates])."""
+    global _flatten_callable
+    original = _compat.original_trace_wrapped()
+    grad = args[0] if len(args) == 1 else None
+    if grad is None or not _compat.is_traceable_wrapper_subclass(grad):
+        return original(*args, fn=fn, **kwargs)
+    flat: list[torch.Tensor] = []
+    try:
+        recipe = _recipe_from_instance(grad, flat)
+    except _NotDesugarable as why:
+        raise HookOnSubclassError(
+            f"a tensor hook on a {type(grad).__qualname__} intermediate inside the compiled region cannot be "
+            f"captured: {why}. Register the hook outside the torch.compile'd function, or compile the forward "
+            "outside subclass_ca.enable() (Dynamo then inlines the hook into the forward graph)."
+        ) from None
+    recipe_id = _intern(recipe)
+    if _flatten_callable is None:
+        _flatten_callable = _compat.allow_in_graph(_flatten_for_hook)
+    make = _graph_callable(recipe.subclass_type, "proxy")
+    wrapped = functools.partial(_hook_on_rebuilt, hook_fn=fn, make=make, flatten=_flatten_callable, recipe=recipe_id)
+    outs = original(tuple(flat), fn=wrapped, **kwargs)
+    return rebuild(recipe, list(outs))

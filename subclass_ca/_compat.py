@@ -543,3 +543,132 @@ def fsdp2_state_of_hook(hook: Any) -> Any:
     if module.startswith("torch.distributed.fsdp._fully_shard"):
         return hook
     return None
+
+
+# --- torch-side workarounds, installed only inside enable() (docs/design.md "Cases stock compiled autograd gets wrong") ---
+
+_workaround_lock = _threading.Lock()
+_workaround_depth = 0
+_workaround_saved: list[tuple[Any, str, Any]] = []
+
+
+def _subclass_grad_context_bug() -> bool:
+    """True where FakeTensor conversion reuses a plain tensor's symbolic context for its subclass ``.grad``.
+
+    torch 2.13's ``meta_utils._grad_context_compatible`` only compares view-base structure,
+    so a plain ``nn.Parameter`` whose ``.grad`` is a wrapper subclass (a TwoTensor grad
+    flowing into a plain Linear) asserts ``Expected SubclassSymbolicContext or None, got
+    StatefulSymbolicContext`` the first time Dynamo fakeifies it with that grad (second
+    backward with ``retain_graph=True``, or grad accumulation).  Fixed upstream by
+    pytorch/pytorch#186427; detected here by probing the function, not by version alone.
+    """
+    try:
+        meta_utils = importlib.import_module("torch._subclasses.meta_utils")
+        compatible = meta_utils._grad_context_compatible
+        symbolic_shapes = importlib.import_module("torch.fx.experimental.symbolic_shapes")
+        context = symbolic_shapes.StatelessSymbolicContext(dynamic_sizes=[symbolic_shapes.DimDynamic.STATIC])
+    except (ImportError, AttributeError, TypeError):
+        return False
+    import types as _types
+
+    probe = _types.SimpleNamespace(is_view=False, base=None, attrs={"a": None}, is_traceable_wrapper_subclass=True)
+    try:
+        return bool(compatible(context, probe))
+    except Exception:  # noqa: BLE001 - a different implementation: leave it alone
+        return False
+
+
+def _patched_grad_context_compatible(original: Callable[..., bool]) -> Callable[..., bool]:
+    symbolic_shapes = importlib.import_module("torch.fx.experimental.symbolic_shapes")
+
+    @functools.wraps(original)
+    def _grad_context_compatible(symbolic_context: Any, grad_desc: Any) -> bool:
+        # A subclass grad needs a SubclassSymbolicContext: treat any other as incompatible so
+        # meta_utils builds a fresh all-dynamic one from the grad (what upstream does since #186427).
+        if getattr(grad_desc, "is_traceable_wrapper_subclass", False) and not isinstance(
+            symbolic_context, symbolic_shapes.SubclassSymbolicContext
+        ):
+            return False
+        return original(symbolic_context, grad_desc)
+
+    _grad_context_compatible.__subclass_ca_original__ = original  # type: ignore[attr-defined]
+    return _grad_context_compatible
+
+
+def torch_workarounds() -> list[str]:
+    """The torch-side workarounds :func:`installed_workarounds` applies on this torch."""
+    found = []
+    if _subclass_grad_context_bug():
+        found.append("meta_utils._grad_context_compatible: subclass .grad of a plain tensor (pytorch#186427)")
+    return found
+
+
+@contextlib.contextmanager
+def installed_workarounds() -> Iterator[None]:
+    """Apply the torch-side workarounds while active (re-entrant; the outermost exit restores exactly)."""
+    global _workaround_depth
+    with _workaround_lock:
+        if _workaround_depth == 0 and _subclass_grad_context_bug():
+            meta_utils = importlib.import_module("torch._subclasses.meta_utils")
+            original = meta_utils.__dict__["_grad_context_compatible"]
+            _workaround_saved.append((meta_utils, "_grad_context_compatible", original))
+            meta_utils._grad_context_compatible = _patched_grad_context_compatible(original)
+        _workaround_depth += 1
+    try:
+        yield
+    finally:
+        with _workaround_lock:
+            _workaround_depth -= 1
+            if _workaround_depth == 0:
+                while _workaround_saved:
+                    owner, name, original = _workaround_saved.pop()
+                    setattr(owner, name, original)
+
+
+def call_accumulate_grad() -> Callable[..., Any]:
+    """The function compiled autograd's AccumulateGrad nodes call (``external_utils.call_accumulate_grad``)."""
+    return _lookup("torch._dynamo.external_utils:call_accumulate_grad")
+
+
+# Dynamo's deferred tensor hooks (Note [Hooks on subclass intermediates] in _capture.py).
+_TRACE_WRAPPED_USERS = ("torch._dynamo.variables.tensor", "torch._dynamo._trace_wrapped_higher_order_op")
+_trace_wrapped_depth = 0
+_trace_wrapped_saved: list[tuple[Any, Any]] = []
+
+
+def original_trace_wrapped() -> Callable[..., Any]:
+    """torch's own ``trace_wrapped`` (also while :func:`swapped_trace_wrapped` is active)."""
+    if _trace_wrapped_saved:
+        return _trace_wrapped_saved[0][1]
+    return _lookup("torch._dynamo._trace_wrapped_higher_order_op:trace_wrapped")
+
+
+@contextlib.contextmanager
+def swapped_trace_wrapped(replacement: Callable[..., Any]) -> Iterator[None]:
+    """Route Dynamo's deferred tensor hooks through ``replacement`` while active (re-entrant, exact restore).
+
+    Swaps the ``trace_wrapped`` name in the modules that call it when Dynamo registers a
+    hook under compiled autograd; a torch without them is left alone.
+    """
+    global _trace_wrapped_depth
+    with _workaround_lock:
+        if _trace_wrapped_depth == 0:
+            for name in _TRACE_WRAPPED_USERS:
+                try:
+                    module = importlib.import_module(name)
+                except ImportError:
+                    continue
+                if callable(module.__dict__.get("trace_wrapped")):
+                    _trace_wrapped_saved.append((module, module.__dict__["trace_wrapped"]))
+            for module, _ in _trace_wrapped_saved:
+                module.trace_wrapped = replacement
+        _trace_wrapped_depth += 1
+    try:
+        yield
+    finally:
+        with _workaround_lock:
+            _trace_wrapped_depth -= 1
+            if _trace_wrapped_depth == 0:
+                for module, original in _trace_wrapped_saved:
+                    module.trace_wrapped = original
+                _trace_wrapped_saved.clear()

@@ -98,6 +98,7 @@ class _CompiledCAGraph:
 
 def _make_compiler_fn(config: Config) -> Callable[[torch.fx.GraphModule], Any]:
     def compile_ca_graph(graph_module: torch.fx.GraphModule) -> Any:
+        _capture.steal_subclass_accumulates(graph_module)  # Note [Subclass gradients and AccumulateGrad]
         nodes = _capture.subclass_node_targets(graph_module.graph)
         fullgraph = not any(node.target._subclass_ca_mode == "opaque" for node in nodes)
         report = diagnostics.finish_capture(
@@ -157,6 +158,7 @@ class enable(contextlib.ContextDecorator):
             _capture.install(strict=self.config.strict, on_unsupported=self.config.on_unsupported)
             stack.callback(_capture.uninstall)
             stack.enter_context(_compat.installed_workarounds())
+            stack.enter_context(_compat.swapped_trace_wrapped(_capture.subclass_trace_wrapped))
             stack.enter_context(
                 _compat.enable_compiled_autograd(_make_compiler_fn(self.config), dynamic=self.config.dynamic)
             )

@@ -15,6 +15,7 @@ __all__ = [
     "MetadataMismatchError",
     "UnsupportedSubclassError",
     "FSDP2UnsupportedError",
+    "HookOnSubclassError",
 ]
 
 
@@ -48,3 +49,7 @@ class UnsupportedSubclassError(SubclassCAError):
 
 class FSDP2UnsupportedError(SubclassCAError):
     """An FSDP2 (``fully_shard``) configuration that cannot be made correct on this torch."""
+
+
+class HookOnSubclassError(SubclassCAError):
+    """A tensor hook on a subclass intermediate inside the compiled region that cannot be captured."""

@@ -1,0 +1,152 @@
+"""Beyond stock CA, case 3: the ``.grad`` type of a subclass leaf whose subclass lacks ``new_empty_strided``/``copy_``.
+
+``BareInt8Tensor`` below implements its compute ops in ``__torch_dispatch__`` and answers
+everything else (``new_empty_strided`` and ``copy_`` included) by dequantizing to a plain
+tensor.  Eager AccumulateGrad steals the fresh gradient, so ``.grad`` is a
+``BareInt8Tensor``; stock compiled autograd allocates with ``new_empty_strided`` and
+copies, so ``.grad`` is a dense ``torch.Tensor``.  ``enable()`` probes the allocation at
+capture and steals like eager (Note [Subclass gradients and AccumulateGrad] in _capture.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import subclass_ca
+from subclass_ca import _compat
+from tests.helpers import assert_same_grad
+
+aten = torch.ops.aten
+
+
+class BareInt8Tensor(torch.Tensor):
+    """Row-wise int8 data + float scale; compute ops requantize, any other op returns dense."""
+
+    COMPUTE_OPS = {
+        aten.mm.default, aten.t.default, aten.add.Tensor, aten.mul.Tensor, aten.expand.default,
+        aten.view.default, aten._unsafe_view.default, aten.clone.default,
+    }
+
+    @staticmethod
+    def __new__(cls, qdata: torch.Tensor, scale: torch.Tensor, outer_size: Any = None, outer_stride: Any = None) -> Any:
+        size = qdata.size() if outer_size is None else outer_size
+        stride = qdata.stride() if outer_stride is None else outer_stride
+        return torch.Tensor._make_wrapper_subclass(cls, size, strides=stride, dtype=scale.dtype, device=qdata.device)
+
+    def __init__(self, qdata: torch.Tensor, scale: torch.Tensor, outer_size: Any = None, outer_stride: Any = None) -> None:
+        self.qdata = qdata
+        self.scale = scale
+
+    def __repr__(self) -> str:
+        return f"BareInt8Tensor(shape={tuple(self.shape)})"
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return ["qdata", "scale"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, torch.Tensor], ctx: Any, outer_size: Any, outer_stride: Any) -> Any:
+        return BareInt8Tensor(inner["qdata"], inner["scale"], outer_size, outer_stride)
+
+    @classmethod
+    def quantize(cls, dense: torch.Tensor) -> BareInt8Tensor:
+        scale = dense.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127.0
+        return cls(torch.round(dense / scale).clamp(-127, 127).to(torch.int8), scale)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.qdata.to(self.scale.dtype) * self.scale
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in (aten.detach.default, aten.alias.default):
+            source = args[0]
+            return cls(source.qdata, source.scale, source.size(), source.stride())
+        dense_args, dense_kwargs = pytree.tree_map_only(cls, lambda t: t.dequantize(), (args, kwargs))
+        out = func(*dense_args, **dense_kwargs)
+        if func in cls.COMPUTE_OPS and isinstance(out, torch.Tensor) and out.dim() == 2:
+            return cls.quantize(out)
+        return out
+
+
+def _dense(seed: int, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _step(backend: str | None, context: contextlib.AbstractContextManager) -> tuple[torch.Tensor, torch.Tensor]:
+    weight = torch.nn.Parameter(BareInt8Tensor.quantize(_dense(0, 4, 4)))
+    plain = torch.nn.Parameter(_dense(4, 4, 4))
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return x @ weight + (x.dequantize() @ plain).sin().sum()
+
+    forward = torch.compile(model, backend=backend) if backend else model
+    out = forward(BareInt8Tensor.quantize(_dense(1, 3, 4)))
+    with context:
+        out.backward(BareInt8Tensor.quantize(_dense(2, 3, 4)))
+    return weight.grad, plain.grad
+
+
+def test_eager_gives_a_subclass_grad():
+    weight_grad, plain_grad = _step(None, contextlib.nullcontext())
+    assert type(weight_grad) is BareInt8Tensor
+    assert type(plain_grad) is torch.Tensor
+
+
+def test_subclass_leaf_grad_type_and_values_match_eager(backend):
+    eager = _step(None, contextlib.nullcontext())
+    ours = _step(backend, subclass_ca.enable(backend=backend))
+    for want, got in zip(eager, ours):
+        assert_same_grad(want, got, exact=backend == "aot_eager")
+    report = subclass_ca.last_report()
+    assert report is not None and "accumulate_subclass_grad" in report.graph_code
+
+
+def test_stock_compiled_autograd_densifies_the_grad():
+    """Why the steal exists: torch's AccumulateGrad path allocates with new_empty_strided."""
+
+    def compiler_fn(gm: torch.fx.GraphModule):
+        return torch.compile(gm, backend="aot_eager", fullgraph=True)
+
+    eager_grad, _ = _step(None, contextlib.nullcontext())
+    stock_grad, _ = _step("aot_eager", _compat.enable_compiled_autograd(compiler_fn, dynamic=True))
+    assert type(stock_grad) is torch.Tensor
+    torch.testing.assert_close(stock_grad, eager_grad.dequantize(), atol=0, rtol=0)
+
+
+def test_subclass_with_type_preserving_allocation_keeps_torchs_accumulate():
+    """TwoTensor's new_empty_strided returns a TwoTensor: the CA graph keeps torch's AccumulateGrad."""
+    two_tensor = _compat.two_tensor_type()
+    if two_tensor is None:
+        pytest.skip("torch.testing._internal.two_tensor is missing")
+    weight = torch.nn.Parameter(two_tensor(_dense(0, 4, 4), _dense(1, 4, 4)))
+    loss = torch.compile(lambda x: (x @ weight).sum(), backend="aot_eager")(_dense(2, 3, 4))
+    with subclass_ca.enable():
+        loss.backward()
+    report = subclass_ca.last_report()
+    assert type(weight.grad) is two_tensor
+    assert "accumulate_subclass_grad" not in report.graph_code
+    assert "call_accumulate_grad" in report.graph_code
+
+
+def _two_steps(backend: str | None, context_factory) -> torch.Tensor:
+    weight = torch.nn.Parameter(BareInt8Tensor.quantize(_dense(0, 4, 4)))
+    forward = torch.compile(lambda x: x @ weight, backend=backend) if backend else (lambda x: x @ weight)
+    for _ in range(2):
+        out = forward(BareInt8Tensor.quantize(_dense(1, 3, 4)))
+        with context_factory():
+            out.backward(BareInt8Tensor.quantize(_dense(2, 3, 4)))
+    return weight.grad
+
+
+def test_existing_grad_accumulation_matches_eager():
+    """The second accumulation (``.grad`` already set) keeps torch's path, and matches eager."""
+    eager = _two_steps(None, contextlib.nullcontext)
+    ours = _two_steps("aot_eager", lambda: subclass_ca.enable(backend="aot_eager"))
+    assert_same_grad(eager, ours)
+    report = subclass_ca.last_report()
+    assert "accumulate_subclass_grad" not in report.graph_code

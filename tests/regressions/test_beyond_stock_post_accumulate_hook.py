@@ -1,0 +1,101 @@
+"""Beyond stock CA, case 5: post-accumulate-grad hooks on a subclass parameter.
+
+The hook is the "optimizer in backward" pattern (update the parameter from its ``.grad``
+inside ``register_post_accumulate_grad_hook``).  Under ``enable()`` the whole backward,
+hooks included, is one compiled-autograd capture and the CA graph compiles once: after the
+warm-up step neither captures nor Dynamo graphs grow, and the parameters match eager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import subclass_ca
+from subclass_ca import _compat
+from tests.helpers import assert_same_grad
+
+TwoTensor = _compat.two_tensor_type()
+pytestmark = pytest.mark.skipif(TwoTensor is None, reason="torch.testing._internal.two_tensor is missing")
+
+STEPS = 4
+LR = 0.1
+
+
+class PairThenLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        dense = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+        self.w = torch.nn.Parameter(TwoTensor(dense.clone(), dense * 2.0))
+        self.lin = torch.nn.Linear(4, 3)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.randn(3, 4, generator=torch.Generator().manual_seed(1)))
+            self.lin.bias.copy_(torch.randn(3, generator=torch.Generator().manual_seed(2)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x @ self.w).sin().sum()
+
+
+def sgd_in_backward(param: torch.Tensor) -> None:
+    with torch.no_grad():
+        param.sub_(param.grad * LR)
+
+
+def sgd_and_free_grad(param: torch.Tensor) -> None:
+    with torch.no_grad():
+        param.sub_(param.grad * LR)
+    param.grad = None
+
+
+def scale_grad(param: torch.Tensor) -> None:
+    with torch.no_grad():
+        param.grad.mul_(0.5)
+
+
+HOOKS = [
+    pytest.param(sgd_in_backward, id="sgd"),
+    pytest.param(sgd_and_free_grad, id="sgd_free_grad"),
+    pytest.param(scale_grad, id="scale_grad"),
+]
+
+
+def _train(hook, backend: str | None) -> tuple[PairThenLinear, list[tuple[int, int]]]:
+    """Run STEPS steps; returns the model and (captures, dynamo graphs) after each step."""
+    model = PairThenLinear()
+    for param in model.parameters():
+        param.register_post_accumulate_grad_hook(hook)
+    forward = torch.compile(model, backend=backend) if backend else model
+    counters = torch._dynamo.utils.counters
+    history = []
+    for step in range(STEPS):
+        model.zero_grad()
+        loss = forward(torch.randn(3, 4, generator=torch.Generator().manual_seed(10 + step)))
+        with subclass_ca.enable(backend=backend) if backend else contextlib.nullcontext():
+            loss.backward()
+        history.append((counters["compiled_autograd"]["captures"], counters["stats"]["unique_graphs"]))
+    return model, history
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_post_accumulate_hooks_on_subclass_param_match_eager(hook, backend):
+    eager, _ = _train(hook, None)
+    ours, _ = _train(hook, backend)
+    exact = backend == "aot_eager"
+    for (name, want), got in zip(eager.named_parameters(), ours.parameters()):
+        assert_same_grad(want.detach(), got.detach(), exact=exact)
+        assert_same_grad(want.grad, got.grad, exact=exact)
+    assert type(ours.w.detach()) is TwoTensor
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_post_accumulate_hooks_capture_and_compile_once_after_warmup(hook):
+    _, history = _train(hook, "aot_eager")
+    captures = [c for c, _ in history]
+    graphs = [g for _, g in history]
+    assert captures == [1] * STEPS, f"compiled-autograd captures per step: {captures}"
+    assert graphs[1:] == [graphs[0]] * (STEPS - 1), f"Dynamo graphs kept growing after warm-up: {graphs}"
+    report = subclass_ca.last_report()
+    assert report is not None and report.nodes_for(TwoTensor.__name__) >= 1
+    assert "post_acc_grad_hook" in report.graph_code
