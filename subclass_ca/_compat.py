@@ -565,6 +565,7 @@ def _subclass_grad_context_bug() -> bool:
     try:
         meta_utils = importlib.import_module("torch._subclasses.meta_utils")
         compatible = meta_utils._grad_context_compatible
+        compatible = getattr(compatible, "__subclass_ca_original__", compatible)  # probe torch's, also inside enable()
         symbolic_shapes = importlib.import_module("torch.fx.experimental.symbolic_shapes")
         context = symbolic_shapes.StatelessSymbolicContext(dynamic_sizes=[symbolic_shapes.DimDynamic.STATIC])
     except (ImportError, AttributeError, TypeError):
