@@ -546,7 +546,7 @@ def dtensor_dense_reference(settings: dict[str, Any]) -> dict[str, Any]:
         loss = _dtensor_loss(w1, w2, x, y)
         loss.backward()
         _sgd((w1, w2), settings["lr"])
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return {"w1": w1.detach(), "w2": w2.detach(), "losses": losses}
 
 

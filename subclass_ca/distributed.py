@@ -57,12 +57,16 @@ _ERROR_WINDOW_S = 0.5
 
 
 class WorkerError(SubclassCAError):
-    """A worker of :func:`run_workers` raised or died; ``rank`` and the worker's traceback are kept."""
+    """A worker of :func:`run_workers` raised or died; ``rank`` and the worker's traceback are kept.
+
+    ``pids`` lists the run's worker process ids (all stopped and reaped when this is raised).
+    """
 
     def __init__(self, message: str, *, rank: int | None = None, worker_traceback: str = "") -> None:
         super().__init__(message)
         self.rank = rank
         self.worker_traceback = worker_traceback
+        self.pids: list[int] = []
 
 
 class WorkerTimeoutError(WorkerError):
@@ -261,6 +265,7 @@ def run_workers(
     started = time.monotonic()
     deadline = started + config.timeout_s
     values: dict[int, Any] = {}
+    pids: list[int] = []
     try:
         for rank in range(nproc):
             process = context.Process(
@@ -271,6 +276,7 @@ def run_workers(
             )
             process.start()
             processes.append(process)
+            pids.append(int(process.pid))
         exited_without_result: dict[int, float] = {}
         while len(values) < nproc:
             try:
@@ -300,8 +306,14 @@ def run_workers(
                     f"(ranks {missing} still running); every worker was killed. Raise timeout_s or look for a "
                     "collective that one rank never reaches.",
                 )
+    except WorkerError as error:
+        error.pids = pids
+        raise
     finally:
         _stop_all(processes, finished=len(values) == nproc)
         results.close()
         results.join_thread()
+        # Drop the queue now: a raised error's traceback keeps this frame (and the queue's
+        # semaphores) alive, which the resource tracker reports as leaked at exit.
+        del results, processes
     return [values[rank] for rank in range(nproc)]

@@ -1,0 +1,136 @@
+"""``python -m subclass_ca demo``: table, results.json, PNG; failing modes are reported, not fatal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from subclass_ca import _demo
+from subclass_ca._demo import MODES, DemoConfig, format_table, run_demo
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _check_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    image = pytest.importorskip("matplotlib.image").imread(path)
+    height, width = image.shape[:2]
+    assert height >= 200 and width >= 400, image.shape
+    assert image.std() > 0  # not a blank canvas
+
+
+@pytest.mark.slow
+def test_quick_demo_in_a_subprocess_writes_table_json_and_png(tmp_path: Path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("SUBCLASS_CA_LOG", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "subclass_ca", "demo", "--quick", "--no-progress", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=90, env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    # the table: a header and one row per (model, mode)
+    assert "model" in out and "max|dloss|" in out and "max|dparam|" in out and "speedup" in out
+    table_rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["int8_lora"], ["pair"])]
+    assert {(row[0], row[1]) for row in table_rows} == {(m, mode) for m in ("int8_lora", "pair") for mode in MODES}
+    assert all(row[-1] == "ok" for row in table_rows), out
+    # the capture report is printed at the end
+    assert "[pair] subclass_ca:" in out and "2 x make_subclass PairTensor [proxy]" in out
+    assert "cache miss: Cache miss due to" in out
+
+    results = json.loads((tmp_path / "results.json").read_text())
+    tolerance = results["config"]["tolerance"]
+    assert results["ok"] is True and results["config"]["steps"] == 8
+    assert set(results["models"]) == {"int8_lora", "pair"}
+    for name, model in results["models"].items():
+        assert list(model["modes"]) == list(MODES), name
+        for mode, entry in model["modes"].items():
+            assert entry["status"] == "ok", (name, mode, entry["error"])
+            assert len(entry["losses"]) == 8 and len(entry["step_times_s"]) == 8
+            assert entry["median_step_s"] > 0 and entry["speedup_vs_eager"] > 0
+        for mode in ("stock_ca", "subclass_ca"):
+            entry = model["modes"][mode]
+            assert entry["max_loss_diff_vs_eager"] <= tolerance, (name, mode)
+            assert entry["max_param_diff_vs_eager"] <= tolerance, (name, mode)
+            assert entry["within_tolerance"] is True
+        assert model["modes"]["eager"]["max_loss_diff_vs_eager"] == 0.0
+        ca = model["modes"]["subclass_ca"]
+        assert ca["cache"]["runs"] == 8 and ca["cache"]["cache_hits"] == 8 - ca["cache"]["captures"]
+    pair_nodes = results["models"]["pair"]["modes"]["subclass_ca"]["captures"][0]["make_subclass_nodes"]
+    assert pair_nodes == [{"type": "PairTensor", "mode": "proxy", "count": 2}]
+    lora_captures = results["models"]["int8_lora"]["modes"]["subclass_ca"]["captures"]
+    assert all(c["make_subclass_nodes"] == [] for c in lora_captures)  # frozen int8 base: plain adapter grads
+
+    assert results["plot"] == "demo.png"
+    _check_png(tmp_path / "demo.png")
+
+
+def _small(**options) -> DemoConfig:
+    return DemoConfig(**{"steps": 3, "warmup": 1, "models": ("pair",), "progress": False, **options})
+
+
+def test_a_failing_mode_is_reported_in_the_table_not_a_crash(monkeypatch, tmp_path: Path):
+    def broken_stock(*args, **kwargs):
+        raise RuntimeError("stock compiled autograd is broken here\nsecond line")
+
+    monkeypatch.setattr(_demo._compat, "stock_compiled_autograd", broken_stock)
+    results = run_demo(_small(), tmp_path)
+    modes = results["models"]["pair"]["modes"]
+    assert modes["stock_ca"]["status"] == "failed"
+    assert modes["stock_ca"]["error"] == "RuntimeError: stock compiled autograd is broken here"
+    assert modes["stock_ca"]["within_tolerance"] is False
+    assert all(modes[m]["status"] == "ok" for m in ("eager", "compile", "subclass_ca"))
+    assert results["ok"] is True  # only subclass_ca runs decide the verdict
+    row = next(line for line in format_table(results).splitlines() if " stock_ca " in line)
+    assert "FAILED: RuntimeError: stock compiled autograd is broken here" in row
+    assert json.loads((tmp_path / "results.json").read_text())["models"]["pair"]["modes"]["stock_ca"]["status"] == "failed"
+
+
+def test_a_failing_subclass_ca_run_makes_the_demo_exit_nonzero(monkeypatch, tmp_path: Path, capsys):
+    original = _demo._backward_context
+
+    def context(mode: str, backend: str):
+        if mode == "subclass_ca":
+            raise RuntimeError("capture broke")
+        return original(mode, backend)
+
+    monkeypatch.setattr(_demo, "_backward_context", context)
+    code = _demo.main(["--steps", "3", "--models", "pair", "--no-progress", "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "FAILED: RuntimeError: capture broke" in captured.out
+    assert "subclass_ca runs FAILED or differ from eager" in captured.err
+
+
+def test_without_matplotlib_the_demo_still_writes_json_and_says_how_to_get_the_plot(monkeypatch, tmp_path: Path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    results = run_demo(_small(modes=("eager", "subclass_ca")), tmp_path)
+    assert results["plot"] is None
+    assert "pip install 'subclass_ca[demo]'" in results["plot_note"]
+    assert not (tmp_path / "demo.png").exists()
+    assert json.loads((tmp_path / "results.json").read_text())["plot"] is None
+
+
+def test_in_process_run_png_is_valid(tmp_path: Path):
+    run_demo(_small(modes=("eager", "subclass_ca")), tmp_path)
+    _check_png(tmp_path / "demo.png")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--models", "nope"], "DemoConfig.models: unknown ['nope']; allowed values are ['int8_lora', 'pair']"),
+        (["--modes", "eager,fast"], "DemoConfig.modes: unknown ['fast']"),
+        (["--steps", "1"], "DemoConfig.steps must be >= 2"),
+        (["--backend", "no_such_backend"], "unknown backend 'no_such_backend'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_the_allowed_values(argv: list[str], message: str, tmp_path: Path, capsys):
+    assert _demo.main([*argv, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
