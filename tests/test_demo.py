@@ -29,7 +29,8 @@ def test_quick_demo_in_a_subprocess_writes_table_json_and_png(tmp_path: Path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("SUBCLASS_CA_LOG", None)
     result = subprocess.run(
-        [sys.executable, "-m", "subclass_ca", "demo", "--quick", "--no-progress", "--out", str(tmp_path)],
+        [sys.executable, "-m", "subclass_ca", "demo", "--quick", "--backend", "aot_eager", "--no-progress",
+         "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=90, env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -45,6 +46,7 @@ def test_quick_demo_in_a_subprocess_writes_table_json_and_png(tmp_path: Path):
 
     results = json.loads((tmp_path / "results.json").read_text())
     tolerance = results["config"]["tolerance"]
+    assert tolerance == 1e-5 and results["config"]["backend"] == "aot_eager"
     assert results["ok"] is True and results["config"]["steps"] == 8
     assert set(results["models"]) == {"int8_lora", "pair"}
     for name, model in results["models"].items():
@@ -71,7 +73,16 @@ def test_quick_demo_in_a_subprocess_writes_table_json_and_png(tmp_path: Path):
 
 
 def _small(**options) -> DemoConfig:
-    return DemoConfig(**{"steps": 3, "warmup": 1, "models": ("pair",), "progress": False, **options})
+    return DemoConfig(**{"steps": 3, "warmup": 1, "models": ("pair",), "progress": False, "backend": "aot_eager", **options})
+
+
+@pytest.mark.inductor
+def test_inductor_subclass_ca_run_matches_eager_within_tolerance(tmp_path: Path):
+    results = run_demo(_small(backend="inductor", modes=("eager", "subclass_ca")), tmp_path)
+    entry = results["models"]["pair"]["modes"]["subclass_ca"]
+    assert entry["status"] == "ok", entry["error"]
+    assert entry["max_param_diff_vs_eager"] <= results["config"]["tolerance"] == 1e-3
+    assert entry["within_tolerance"] and results["ok"]
 
 
 def test_a_failing_mode_is_reported_in_the_table_not_a_crash(monkeypatch, tmp_path: Path):
@@ -100,7 +111,7 @@ def test_a_failing_subclass_ca_run_makes_the_demo_exit_nonzero(monkeypatch, tmp_
         return original(mode, backend)
 
     monkeypatch.setattr(_demo, "_backward_context", context)
-    code = _demo.main(["--steps", "3", "--models", "pair", "--no-progress", "--out", str(tmp_path)])
+    code = _demo.main(["--steps", "3", "--models", "pair", "--backend", "aot_eager", "--no-progress", "--out", str(tmp_path)])
     captured = capsys.readouterr()
     assert code == 1
     assert "FAILED: RuntimeError: capture broke" in captured.out
