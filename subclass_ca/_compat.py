@@ -507,6 +507,7 @@ def execution_engine() -> Any:
     return torch.autograd.Variable._execution_engine
 
 
+@functools.cache
 def fsdp2_types() -> dict[str, type]:
     """FSDP2's state and backward-hook Function classes on this torch ({} when absent)."""
     found: dict[str, type] = {}
@@ -543,6 +544,39 @@ def fsdp2_state_of_hook(hook: Any) -> Any:
     if module.startswith("torch.distributed.fsdp._fully_shard"):
         return hook
     return None
+
+
+def fsdp2_states(owners: Sequence[Any]) -> list[Any]:
+    """Every FSDPState reachable from hook owners (states, or param groups via their modules), root's included."""
+    state_cls = fsdp2_types().get("FSDPState")
+    if state_cls is None:
+        return []
+    found: dict[int, Any] = {}
+    for owner in owners:
+        if not isinstance(owner, state_cls):
+            continue
+        found.setdefault(id(owner), owner)
+        for state in getattr(getattr(owner, "_state_ctx", None), "all_states", ()) or ():
+            found.setdefault(id(state), state)
+    return list(found.values())
+
+
+def fsdp2_unfinished(states: Sequence[Any]) -> list[str]:
+    """FSDP2 states that did not finish their backward (not IDLE, or the root callback still queued)."""
+    problems = []
+    for state in states:
+        training = getattr(state, "_training_state", None)
+        name = getattr(training, "name", str(training))
+        if name != "IDLE":
+            modules = ", ".join(type(m).__name__ for m in getattr(state, "_modules", ())) or "?"
+            problems.append(f"FSDP state of ({modules}) is {name}")
+        for group in getattr(state, "_fsdp_param_groups", ()) or ():
+            group_state = getattr(getattr(group, "_training_state", None), "name", "IDLE")
+            if group_state != "IDLE":
+                problems.append(f"param group {getattr(group, '_module_fqn', '?')!s} is {group_state}")
+        if getattr(getattr(state, "_state_ctx", None), "post_backward_final_callback_queued", False):
+            problems.append("the root post-backward final callback is still queued")
+    return sorted(set(problems))
 
 
 # --- torch-side workarounds, installed only inside enable() (docs/design.md "Cases stock compiled autograd gets wrong") ---

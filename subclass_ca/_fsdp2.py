@@ -28,10 +28,10 @@ then go wrong with stock torch:
    un-reduced ``Tensor`` gradient, and FSDP2 believes the callback is still queued, so it
    never queues it again.  Silently wrong.
 
-What ``enable()`` does about it (``api._CompiledCAGraph`` calls :func:`prepare` on a
-graph's first run and :func:`final_callbacks` around every run):
+What ``enable()`` does about it (``api._CompiledCAGraph`` calls :func:`prepare` before,
+:func:`final_callbacks` around and :func:`check_finished` after every run):
 
-* On the first run it looks at the hook objects compiled autograd passes to the graph.
+* Before each run it looks at the hook objects compiled autograd passes to the graph.
   If any belongs to FSDP2 (a bound ``FSDPState`` method or a
   ``RegisterPostBackwardFunction`` ctx), the graph is compiled with graph breaks at the
   hooks (``fullgraph=False``) -- the hooks cannot be traced on this torch -- and the
@@ -43,10 +43,13 @@ graph's first run and :func:`final_callbacks` around every run):
   is what the eager engine does at the end of ``backward()``.  Traced code is
   unaffected: Dynamo still sees an engine and routes a *traced* ``queue_callback`` to
   compiled autograd's own final-callback list.
+* After the graph and its callbacks, every FSDP2 state must be back to IDLE (nothing
+  left unsharded or queued); otherwise :class:`FSDP2UnsupportedError` says the gradients
+  of that backward are not reduced -- a net for torch changes we do not know about.
 * Before the graph runs (so before any gradient is produced or accumulated) the FSDP2
   configuration is checked; what cannot be made correct on this torch raises
-  :class:`FSDP2UnsupportedError` naming FSDP2 and the reason.  Everything is undone when
-  the last ``enable()`` block exits; a run outside ``enable()`` is never touched.
+  :class:`FSDP2UnsupportedError` naming FSDP2 and the reason.  The engine swap lasts only
+  while one of our CA graphs runs; a backward outside ``enable()`` is never touched.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from typing import Any
 from . import _compat
 from .errors import FSDP2UnsupportedError
 
-__all__ = ["hook_owners", "prepare", "final_callbacks", "check_supported", "GRAPH_BREAK_REASON"]
+__all__ = ["hook_owners", "prepare", "check_finished", "final_callbacks", "check_supported", "GRAPH_BREAK_REASON"]
 
 GRAPH_BREAK_REASON = (
     "FSDP2: fully_shard hooks are dynamo.disable-d on torch {version}; the CA graph is compiled with a graph "
@@ -78,19 +81,6 @@ def hook_owners(hooks: Sequence[Any]) -> list[Any]:
     return owners
 
 
-def _states(owners: Sequence[Any]) -> list[Any]:
-    """Every FSDPState reachable from the hook owners (the root's ``all_states`` included)."""
-    state_cls = _compat.fsdp2_types().get("FSDPState")
-    found: dict[int, Any] = {}
-    for owner in owners:
-        if state_cls is not None and isinstance(owner, state_cls):
-            found[id(owner)] = owner
-            ctx = getattr(owner, "_state_ctx", None)
-            for state in getattr(ctx, "all_states", ()) or ():
-                found[id(state)] = state
-    return list(found.values())
-
-
 def check_supported(owners: Sequence[Any]) -> None:
     """Raise :class:`FSDP2UnsupportedError` for an FSDP2 setup this torch cannot run correctly under CA.
 
@@ -106,15 +96,31 @@ def check_supported(owners: Sequence[Any]) -> None:
         )
 
 
-def prepare(graph: Any, args: Sequence[Any]) -> bool:
-    """First run of a CA graph: detect FSDP2 hooks, check support, allow graph breaks. True if FSDP2."""
+def prepare(graph: Any, args: Sequence[Any]) -> list[Any]:
+    """Before a CA graph runs: detect FSDP2 hooks, check support, allow graph breaks; the FSDP2 states found."""
     hooks = args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else ()
     owners = hook_owners(hooks)
     if not owners:
-        return False
+        return []
     check_supported(owners)
     graph.allow_graph_breaks(GRAPH_BREAK_REASON.format(version=_compat.TORCH_VERSION))
-    return True
+    return _compat.fsdp2_states(owners)
+
+
+def check_finished(states: Sequence[Any]) -> None:
+    """After the graph and its final callbacks: every FSDP2 state must be back to IDLE.
+
+    A safety net for torch changes this module does not know about: FSDP2 left mid-backward
+    means unsharded parameters and un-reduced gradients, which must never pass silently.
+    """
+    problems = _compat.fsdp2_unfinished(states)
+    if problems:
+        raise FSDP2UnsupportedError(
+            "FSDP2 (fully_shard) did not finish its backward under compiled autograd on torch "
+            f"{_compat.TORCH_VERSION}: " + "; ".join(problems) + ". The gradients of this backward are NOT "
+            "reduce-scattered: do not step the optimizer. Run this backward outside subclass_ca.enable() and "
+            "report this torch version (see docs/distributed.md)."
+        )
 
 
 def run_callbacks(callbacks: list[Callable[[], None]]) -> None:

@@ -40,22 +40,26 @@ class _CompiledCAGraph:
         self._report = report
         self._compiled = self._compile(fullgraph)
         self._checked = not fullgraph or not _capture.subclass_node_targets(graph_module.graph)
-        self._fsdp2: bool | None = None
+        self._graph_breaks_allowed = not fullgraph
 
     def _compile(self, fullgraph: bool) -> Any:
         config = self._config
         return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # Note [FSDP2 under compiled autograd] in _fsdp2.py: detect FSDP2 hooks on the first
-        # run (before anything runs), and run the engine final callbacks eager hooks queue.
-        if self._fsdp2 is None:
-            self._fsdp2 = _fsdp2.prepare(self, args)
+        # Note [FSDP2 under compiled autograd] in _fsdp2.py: detect FSDP2 hooks before the graph
+        # runs, run the engine final callbacks eager hooks queue, check FSDP2 finished its backward.
+        fsdp2_states = _fsdp2.prepare(self, args)
         with _fsdp2.final_callbacks():
-            return self._run(*args, **kwargs)
+            result = self._run(*args, **kwargs)
+        _fsdp2.check_finished(fsdp2_states)
+        return result
 
     def allow_graph_breaks(self, reason: str) -> None:
         """Compile with graph breaks (fullgraph=False) from now on; the capture report records why."""
+        if self._graph_breaks_allowed:
+            return
+        self._graph_breaks_allowed = True
         self._compiled = self._compile(False)
         self._checked = True
         self._report.fullgraph = False

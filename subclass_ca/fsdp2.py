@@ -23,13 +23,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
-import importlib
-import os
-import socket
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -187,7 +182,13 @@ def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: F
         step_times.append(time.perf_counter() - start)
         losses.append(float(loss.detach()))
     params = _snapshot(dict(model.named_parameters()))
+    from .diagnostics import last_report
+
+    report = last_report() if mode == "subclass_ca" else None
     return {
+        "ca_captures": int(torch._dynamo.utils.counters["compiled_autograd"].get("captures", 0)),
+        "report_fallbacks": list(report.fallbacks) if report is not None else [],
+        "report_fullgraph": report.fullgraph if report is not None else None,
         "mode": mode,
         "rank": rank,
         "world_size": world_size,
@@ -260,87 +261,18 @@ def compare_runs(result: dict[str, Any], baseline: dict[str, Any], *, atol: floa
     return problems
 
 
-# --- multi-process launcher ------------------------------------------------------
+# --- multi-process launch ----------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def launch(fn: Callable[..., Any], world_size: int = 2, *, timeout_s: float = 120.0, args: Sequence[Any] = ()) -> list[Any]:
+    """``fn(rank, world_size, *args)`` on ``world_size`` fresh processes (gloo, 127.0.0.1); results by rank.
 
-
-def _resolve(target: str) -> Callable[..., Any]:
-    module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
-
-
-def _worker(rank: int, world_size: int, port: int, target: str, kwargs: dict[str, Any], out_dir: str) -> None:
-    import torch.distributed as dist
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        try:
-            result: Any = {"ok": _resolve(target)(rank, world_size, **kwargs)}
-        except BaseException as error:  # noqa: BLE001 - reported to the parent
-            result = {"error": error, "error_type": type(error).__name__, "message": str(error)}
-        try:
-            torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-        except Exception:  # noqa: BLE001 - an unpicklable error: keep its text
-            torch.save({"error_type": result.get("error_type"), "message": result.get("message")},
-                       os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
-def launch(
-    target: str | Callable[..., Any], world_size: int = 2, *, timeout_s: float = 120.0, **kwargs: Any
-) -> list[dict[str, Any]]:
-    """Run ``target(rank, world_size, **kwargs)`` in ``world_size`` fresh processes (gloo, 127.0.0.1).
-
-    ``target`` is ``"module:function"`` (or a module-level function).  Returns one dict per
-    rank: ``{"ok": value}`` or ``{"error": exc, "error_type": ..., "message": ...}``.  Processes
-    still alive after ``timeout_s`` are terminated and a ``TimeoutError`` is raised.
+    A thin front for :func:`subclass_ca.distributed.run_workers` (bounded, fail-fast, no orphans):
+    a rank that raises, dies or outlives ``timeout_s`` raises ``WorkerError`` with its traceback.
     """
-    import torch.multiprocessing as mp
+    from .distributed import run_workers
 
-    if callable(target):
-        target = f"{target.__module__}:{target.__qualname__}"
-    ctx = mp.get_context("spawn")
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="subclass_ca_fsdp2_") as out_dir:
-        procs = [ctx.Process(target=_worker, args=(r, world_size, port, target, kwargs, out_dir), daemon=True)
-                 for r in range(world_size)]
-        for proc in procs:
-            proc.start()
-        deadline = time.monotonic() + timeout_s
-        try:
-            for proc in procs:
-                proc.join(max(deadline - time.monotonic(), 0.0))
-        finally:
-            stuck = [p for p in procs if p.is_alive()]
-            for proc in stuck:
-                proc.terminate()
-            for proc in stuck:
-                proc.join(5)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join(5)
-        if stuck:
-            raise TimeoutError(f"{target}: {len(stuck)} of {world_size} ranks still running after {timeout_s:.0f} s (terminated)")
-        results = []
-        for rank, proc in enumerate(procs):
-            path = os.path.join(out_dir, f"rank{rank}.pt")
-            if not os.path.exists(path):
-                raise RuntimeError(f"{target}: rank {rank} exited with code {proc.exitcode} without a result")
-            results.append(torch.load(path, weights_only=False))
-    return results
+    return run_workers(fn, world_size, timeout_s=timeout_s, args=tuple(args))
 
 
 def run_modes(
@@ -348,22 +280,17 @@ def run_modes(
 ) -> dict[str, list[dict[str, Any]]]:
     """All ``modes`` in one launch (one process group, modes run one after another)."""
     run = run or FSDP2Run()
-    results = launch(f"{__name__}:_train_modes", world_size, timeout_s=timeout_s, modes=tuple(modes), run=run)
-    by_mode: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-    for rank, result in enumerate(results):
-        if "ok" not in result:
-            raise RuntimeError(f"FSDP2 rank {rank} failed: {result.get('error_type')}: {result.get('message')}")
-        for mode, value in result["ok"].items():
-            by_mode[mode].append(value)
-    return by_mode
+    results = launch(_train_modes, world_size, timeout_s=timeout_s, args=(tuple(modes), run))
+    return {mode: [result[mode] for result in results] for mode in modes}
 
 
-def _train_modes(rank: int, world_size: int, *, modes: Sequence[str], run: FSDP2Run) -> dict[str, Any]:
+def _train_modes(rank: int, world_size: int, modes: Sequence[str], run: FSDP2Run) -> dict[str, Any]:
     from .api import reset
 
     out: dict[str, Any] = {}
     for mode in modes:
         reset()
+        torch._dynamo.utils.counters.clear()
         try:
             out[mode] = train_fsdp2(rank, world_size, mode=mode, run=run)
         except Exception as error:  # noqa: BLE001 - one mode's failure is a result, not a crash
