@@ -11,7 +11,7 @@ from ._capture import named_callables, recipe_count
 from ._compat import SUPPORTED_TORCH, TORCH_VERSION
 from .api import enable, reset
 from .config import Config
-from .diagnostics import CaptureReport, clear_reports, last_report, reports
+from .diagnostics import CaptureReport, cache_stats, clear_reports, last_report, reports
 from .errors import (
     DuplicateHandlerError,
     FSDP2UnsupportedError,
@@ -46,6 +46,7 @@ __all__ = [
     "last_report",
     "reports",
     "clear_reports",
+    "cache_stats",
     "named_callables",
     "recipe_count",
     # errors

@@ -91,7 +91,7 @@ def test_repeated_backward_is_a_cache_hit_counted_on_its_capture():
     assert diagnostics.capture_count() == captures_after_warmup  # no new capture: every later backward hit the cache
     last = subclass_ca.last_report()
     assert last.runs == 4 and last.cache_hits == 3
-    stats = diagnostics.cache_stats(since=before)
+    stats = subclass_ca.cache_stats(since=before)
     assert stats["captures"] == captures_after_warmup - before
     assert stats["runs"] == 5
     assert stats["cache_hits"] == stats["runs"] - stats["captures"]
