@@ -43,6 +43,9 @@ __all__ = [
     "compare_runs",
     "launch",
     "run_modes",
+    "summarize",
+    "format_summary",
+    "run_and_summarize",
     "main",
 ]
 
@@ -298,52 +301,122 @@ def _train_modes(rank: int, world_size: int, modes: Sequence[str], run: FSDP2Run
     return out
 
 
-# --- CLI ---------------------------------------------------------------------------
+# --- summaries for the CLI, the demo and the benchmark ------------------------------
 
 
 def _median_step(result: dict[str, Any]) -> float:
+    """Median step time in seconds, without the first step (it compiles)."""
     times = result["step_times"][1:] or result["step_times"]
     return statistics.median(times)
+
+
+def summarize(by_mode: dict[str, list[dict[str, Any]]], run: FSDP2Run, world_size: int) -> dict[str, Any]:
+    """A JSON-able verdict per mode: correct vs dense / vs eager FSDP2, median step time, ratio to eager."""
+    reference = dense_reference(run, world_size)
+    eager = by_mode.get("eager", [None])[0]
+    eager_ok = eager is not None and "error_type" not in eager
+    modes: dict[str, Any] = {}
+    for mode, per_rank in by_mode.items():
+        result = per_rank[0]
+        if any("error_type" in r for r in per_rank):
+            failed = next(r for r in per_rank if "error_type" in r)
+            modes[mode] = {"ok": False, "error": f"{failed['error_type']}: {failed['message'].splitlines()[0] if failed['message'] else ''}"}
+            continue
+        dense_problems = [p for r in per_rank for p in verify_against_dense(r, reference)]
+        eager_problems = [p for r, e in zip(per_rank, by_mode["eager"]) for p in compare_runs(r, e)] if eager_ok else None
+        step_s = max(_median_step(r) for r in per_rank)  # the slowest rank sets the pace
+        modes[mode] = {
+            "ok": not dense_problems,
+            "matches_dense": not dense_problems,
+            "bitwise_equal_to_eager": None if eager_problems is None else not eager_problems,
+            "median_step_ms": 1e3 * step_s,
+            "problems": dense_problems[:5],
+        }
+    if eager_ok and "eager" in modes:
+        for entry in modes.values():
+            if "median_step_ms" in entry:
+                entry["ratio_vs_eager"] = entry["median_step_ms"] / modes["eager"]["median_step_ms"]
+    return {
+        "world_size": world_size,
+        "run": dataclasses.asdict(run),
+        "torch": torch.__version__,
+        "modes": modes,
+        "ok": all(entry["ok"] for mode, entry in modes.items() if mode != "stock_ca"),
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The summary as a plain-text table."""
+    run = summary["run"]
+    lines = [
+        f"FSDP2 MLP {tuple(run['dims'])}, world_size {summary['world_size']}, {run['steps']} SGD steps, "
+        f"backend {run['backend']}, torch {summary['torch']}",
+        f"{'mode':12s} {'median step ms':>15s} {'x eager':>8s}  {'vs dense':10s} {'vs eager FSDP2':15s}",
+    ]
+    for mode, entry in summary["modes"].items():
+        if "error" in entry:
+            lines.append(f"{mode:12s} {'-':>15s} {'-':>8s}  error: {entry['error']}")
+            continue
+        ratio = entry.get("ratio_vs_eager")
+        equal = entry["bitwise_equal_to_eager"]
+        lines.append(
+            f"{mode:12s} {entry['median_step_ms']:15.2f} {'-' if ratio is None else f'{ratio:.2f}':>8s}  "
+            f"{'ok' if entry['matches_dense'] else 'WRONG':10s} {'-' if equal is None else ('bitwise' if equal else 'differs'):15s}"
+        )
+        lines += [f"    {problem}" for problem in entry["problems"][:3]]
+    if "stock_ca" in summary["modes"]:
+        lines.append("stock_ca = torch's own compiled autograd (fullgraph=False), shown for comparison; see docs/distributed.md")
+    return "\n".join(lines)
+
+
+def run_and_summarize(
+    modes: Sequence[str] = MODES, *, world_size: int = 2, run: FSDP2Run | None = None, timeout_s: float = 300.0
+) -> dict[str, Any]:
+    """Launch, train every mode and summarise: the one call the demo and the benchmark need."""
+    run = run or FSDP2Run()
+    return summarize(run_modes(modes, world_size=world_size, run=run, timeout_s=timeout_s), run, world_size)
+
+
+# --- CLI ---------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, steps: int = 3) -> None:
+    """The FSDP2 options (shared with ``python -m subclass_ca demo --fsdp2``)."""
+    parser.add_argument("--fsdp2-modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    parser.add_argument("--fsdp2-steps", type=int, default=steps, help=f"SGD steps per mode (default {steps})")
+    parser.add_argument("--no-reshard-after-forward", action="store_true", help="fully_shard(reshard_after_forward=False)")
+
+
+def run_from_args(args: argparse.Namespace, *, backend: str | None = None) -> dict[str, Any]:
+    """Parse the shared options, run, summarise (raises ValueError on unknown modes)."""
+    modes = [m.strip() for m in args.fsdp2_modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"--fsdp2-modes: unknown {unknown}; allowed values are {list(MODES)}")
+    run = FSDP2Run(steps=args.fsdp2_steps, backend=backend or "aot_eager",
+                   reshard_after_forward=not args.no_reshard_after_forward)
+    return run_and_summarize(modes, world_size=args.nproc, run=run, timeout_s=args.timeout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m subclass_ca.fsdp2", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2, help="world size (processes on 127.0.0.1, gloo)")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     parser.add_argument("--backend", default="aot_eager")
-    parser.add_argument("--no-reshard-after-forward", action="store_true")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are terminated")
+    parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
+    add_arguments(parser)
     args = parser.parse_args(list(argv) if argv is not None else None)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        parser.error(f"--modes: unknown {unknown}; allowed values are {list(MODES)}")
-    run = FSDP2Run(steps=args.steps, backend=args.backend, reshard_after_forward=not args.no_reshard_after_forward)
-    by_mode = run_modes(modes, world_size=args.nproc, run=run, timeout_s=args.timeout)
-    reference = dense_reference(run, args.nproc)
-    eager = by_mode.get("eager", [None])[0]
-    print(f"FSDP2 MLP {run.dims}, world_size {args.nproc}, {run.steps} SGD steps, backend {run.backend}")
-    print(f"{'mode':12s} {'median step ms':>15s}  {'vs dense':10s} {'vs eager FSDP2':15s}")
-    failed = False
-    for mode, per_rank in by_mode.items():
-        result = per_rank[0]
-        if "error_type" in result:
-            print(f"{mode:12s} {'-':>15s}  error: {result['error_type']}: {result['message'].splitlines()[0]}")
-            failed = failed or mode != "stock_ca"
-            continue
-        dense_problems = [p for r in per_rank for p in verify_against_dense(r, reference)]
-        eager_problems = [] if eager is None or "error_type" in eager else compare_runs(result, eager)
-        status = "ok" if not dense_problems else f"WRONG({len(dense_problems)})"
-        vs_eager = "-" if eager is None else ("equal" if not eager_problems else f"differs({len(eager_problems)})")
-        print(f"{mode:12s} {1e3 * _median_step(result):15.2f}  {status:10s} {vs_eager:15s}")
-        for problem in dense_problems[:3]:
-            print(f"    {problem}")
-        if mode != "stock_ca":
-            failed = failed or bool(dense_problems)
-    if "stock_ca" in by_mode:
-        print("stock_ca is torch's own compiled autograd (fullgraph=False), shown for comparison; see docs/distributed.md")
-    return 1 if failed else 0
+    try:
+        summary = run_from_args(args, backend=args.backend)
+    except ValueError as error:
+        parser.error(str(error))
+    print(format_summary(summary))
+    if args.json:
+        import json
+
+        with open(args.json, "w") as handle:
+            json.dump(summary, handle, indent=2)
+    return 0 if summary["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -231,3 +231,24 @@ def test_fsdp2_run_config_validates_fields() -> None:
         FSDP2Run(dims=(4,))
     with pytest.raises(ValueError, match="FSDP2Run.reshard_after_forward"):
         FSDP2Run(reshard_after_forward=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_summary_marks_subclass_ca_correct_and_stock_ca_wrong(default_runs: dict) -> None:
+    summary = fsdp2.summarize(default_runs["by_mode"], default_runs["run"], 2)
+    modes = summary["modes"]
+    assert modes["subclass_ca"]["matches_dense"] and modes["subclass_ca"]["bitwise_equal_to_eager"]
+    assert modes["eager"]["ratio_vs_eager"] == 1.0
+    assert modes["subclass_ca"]["ratio_vs_eager"] > 0
+    assert not modes["stock_ca"]["ok"] and modes["stock_ca"]["problems"]
+    assert summary["ok"]  # stock_ca is shown, never counted
+    table = fsdp2.format_summary(summary)
+    assert "subclass_ca" in table and "WRONG" in table and "bitwise" in table
+
+
+def test_cli_rejects_unknown_mode_before_launching(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        fsdp2.main(["--fsdp2-modes", "eager,bogus"])
+    assert exit_info.value.code == 2
+    assert "bogus" in capsys.readouterr().err
