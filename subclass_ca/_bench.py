@@ -29,6 +29,7 @@ import dataclasses
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -618,7 +619,7 @@ def _plot(results: dict[str, Any], path: str) -> bool:
         print("bench: matplotlib is not installed (pip install 'subclass_ca[demo]'); skipping the chart", file=sys.stderr)
         return False
     rows = results["rows"]
-    groups = sorted({(r["model"], r["size"]) for r in rows}, key=lambda g: (list(_bench_models.MODELS).index(g[0]), g[1]))
+    groups = sorted({(r["model"], r["size"]) for r in rows}, key=lambda g: (list(_bench_models.MODELS).index(g[0]), list(_bench_models.SIZES).index(g[1])))
     series = []
     for r in rows:
         key = (r["mode"], r["backend"])
@@ -726,7 +727,7 @@ def settings_from_args(argv: Sequence[str]) -> BenchSettings:
     for name in ("warmup", "reps", "block", "recaptures", "threads", "cold_reps"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
-    command = "python -m subclass_ca bench " + " ".join(argv)
+    command = "python -m subclass_ca bench " + shlex.join(argv)
     return BenchSettings(
         device=args.device, out_dir=args.out_dir, plot=not args.no_plot, progress=not args.no_progress,
         command=command.strip(), **values,
