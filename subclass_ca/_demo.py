@@ -532,8 +532,8 @@ def dtensor_worker(rank: int, world_size: int, settings: dict[str, Any]) -> dict
     kept = [r for r in subclass_ca.reports() if r.capture_index >= first_capture]
     return {
         "rank": rank,
-        "w1": w1.full_tensor().cpu(),
-        "w2": w2.full_tensor().cpu(),
+        "w1": w1.detach().full_tensor().cpu(),
+        "w2": w2.detach().full_tensor().cpu(),
         "local_w1_shape": list(w1.to_local().shape),
         "placements": [str(w1.placements), str(w2.placements)],
         "losses": losses,
