@@ -193,12 +193,15 @@ def _loss_value(loss: torch.Tensor) -> float:
     return float(loss.detach().cpu())
 
 
-def _backward_context(mode: str, backend: str) -> Any:
+def _backward_context(mode: str, backend: str) -> Callable[[], Any]:
+    """The per-step backward context's factory, built once per run (as a user's decorator would be)."""
     if mode == "stock_ca":
-        return _compat.stock_compiled_autograd(_compat.stock_ca_compiler(backend))
+        compiler_fn = _compat.stock_ca_compiler(backend)
+        return lambda: _compat.stock_compiled_autograd(compiler_fn)
     if mode == "subclass_ca":
-        return subclass_ca.enable(backend=backend)
-    return _nullcontext()
+        block = subclass_ca.enable(backend=backend)  # reusable: one validated Config per run
+        return lambda: block
+    return _nullcontext
 
 
 class _nullcontext:
@@ -235,10 +238,11 @@ def _train(config: DemoConfig, model_name: str, mode: str, tick: Callable[[], No
     step_loss = model.loss_fn if mode == "eager" else torch.compile(model.loss_fn, backend=config.backend)
     first_capture = diagnostics.capture_count()
     try:
+        backward_context = _backward_context(mode, config.backend)
         for batch in model.batches:
             start = time.perf_counter()
             loss = step_loss(*model.params, *batch)
-            with _backward_context(mode, config.backend):
+            with backward_context():
                 loss.backward()
             with torch.no_grad():
                 for param in model.params:
