@@ -99,7 +99,8 @@ class CaptureReport:
             lines.append("  cache-miss reason: not exposed by this torch version")
         lines += [f"  cache miss: {reason}" for reason in self.miss_reasons]
         if self.ca_counters:
-            lines.append("  compiled_autograd counters: " + ", ".join(f"{k}={v}" for k, v in sorted(self.ca_counters.items())))
+            counters = ", ".join(f"{k}={v}" for k, v in sorted(self.ca_counters.items()))
+            lines.append(f"  torch compiled_autograd counters (process-wide): {counters}")
         return "\n".join(lines)
 
 
