@@ -245,6 +245,10 @@ def test_summary_marks_subclass_ca_correct_and_stock_ca_wrong(default_runs: dict
     assert summary["ok"]  # stock_ca is shown, never counted
     table = fsdp2.format_summary(summary)
     assert "subclass_ca" in table and "WRONG" in table and "bitwise" in table
+    section = fsdp2.markdown_section(summary)
+    assert "## FSDP2" in section
+    assert "| subclass_ca |" in section and "| stock_ca |" in section
+    assert f"{modes['subclass_ca']['ratio_vs_eager']:.2f}" in section
 
 
 def test_cli_rejects_unknown_mode_before_launching(capsys: pytest.CaptureFixture[str]) -> None:
