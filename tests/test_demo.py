@@ -145,3 +145,17 @@ def test_bad_arguments_exit_2_with_the_allowed_values(argv: list[str], message: 
     assert _demo.main([*argv, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_cuda_demo_run_matches_eager(tmp_path: Path):
+    results = run_demo(_small(device="cuda", models=("int8_lora", "pair"), modes=("eager", "subclass_ca")), tmp_path)
+    for model in results["models"].values():
+        assert model["modes"]["subclass_ca"]["within_tolerance"], model["modes"]["subclass_ca"]["error"]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message shown when CUDA is missing")
+def test_cuda_device_without_cuda_exits_2_with_the_fix(tmp_path: Path, capsys):
+    assert _demo.main(["--device", "cuda", "--out", str(tmp_path)]) == 2
+    assert "CUDA is not available; use --device cpu" in capsys.readouterr().err

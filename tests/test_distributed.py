@@ -161,3 +161,57 @@ def test_dtensor_demo_reports_a_worker_failure_instead_of_hanging(monkeypatch, t
     monkeypatch.setattr(_demo, "run_dtensor_demo", failing_run)
     assert _demo.main(["--dtensor", "--out", str(tmp_path)]) == 1
     assert "DTensor run FAILED: rank 1 of 2 failed in x: ValueError: boom" in capsys.readouterr().err
+
+
+_PARENT_SCRIPT = """
+import sys
+from subclass_ca.distributed import run_workers
+from tests.test_distributed import sleep_forever
+if __name__ == "__main__":
+    run_workers(sleep_forever, 2, timeout_s=120, args=(sys.argv[1],))
+"""
+
+
+def test_workers_exit_when_their_parent_is_killed(tmp_path: Path):
+    """The watchdog: even a SIGKILLed parent (no cleanup runs) leaves no orphan workers behind."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(_PARENT_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        pid_files = [tmp_path / f"rank{r}.pid" for r in range(2)]
+        while not all(p.exists() and p.read_text() for p in pid_files):
+            assert time.monotonic() < deadline, "the workers never started"
+            assert parent.poll() is None, f"the parent exited early with {parent.returncode}"
+            time.sleep(0.2)
+        pids = [int(p.read_text()) for p in pid_files]
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [pid for pid in pids if _alive(pid)]
+        assert alive == [], f"workers {alive} outlived their killed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (orphans are reparented and reaped by init; a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
