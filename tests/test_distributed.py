@@ -15,8 +15,6 @@ import torch.distributed as dist
 from subclass_ca import _demo
 from subclass_ca.distributed import LaunchConfig, WorkerError, WorkerTimeoutError, free_port, run_workers
 
-pytestmark = pytest.mark.distributed
-
 # --- worker functions (module level: the spawned workers import them by name) ---------
 
 
@@ -64,6 +62,7 @@ def _assert_no_worker_left(error: WorkerError, pid_dir: Path, nproc: int) -> Non
 # --- the launcher ---------------------------------------------------------------------
 
 
+@pytest.mark.distributed
 def test_run_workers_returns_each_ranks_result_in_rank_order():
     results = run_workers(sum_ranks, 2, timeout_s=60, args=(2.0,))
     assert [r["rank"] for r in results] == [0, 1]
@@ -73,6 +72,7 @@ def test_run_workers_returns_each_ranks_result_in_rank_order():
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.distributed
 def test_worker_error_on_rank_one_reaches_parent_fast_with_no_orphans(tmp_path: Path):
     start = time.monotonic()
     with pytest.raises(WorkerError) as caught:
@@ -88,6 +88,7 @@ def test_worker_error_on_rank_one_reaches_parent_fast_with_no_orphans(tmp_path: 
     _assert_no_worker_left(caught.value, tmp_path, 2)
 
 
+@pytest.mark.distributed
 def test_worker_that_dies_fails_the_run_with_its_exit_code(tmp_path: Path):
     start = time.monotonic()
     with pytest.raises(WorkerError, match=r"rank 1 of 2 .*exited with code 3 without a result") as caught:
@@ -97,6 +98,7 @@ def test_worker_that_dies_fails_the_run_with_its_exit_code(tmp_path: Path):
     _assert_no_worker_left(caught.value, tmp_path, 2)
 
 
+@pytest.mark.distributed
 def test_hanging_workers_are_killed_at_the_timeout(tmp_path: Path):
     start = time.monotonic()
     with pytest.raises(WorkerTimeoutError, match=r"did not finish within 8 s .*every worker was killed.*timeout_s") as caught:
@@ -125,6 +127,7 @@ def test_cuda_launch_without_cuda_says_to_use_cpu():
 # --- 2-process DTensor training ----------------------------------------------------------
 
 
+@pytest.mark.distributed
 def test_two_process_dtensor_training_matches_single_process_dense_run(tmp_path: Path, capsys):
     code = _demo.main(["--dtensor", "--nproc", "2", "--steps", "3", "--out", str(tmp_path), "--timeout", "120"])
     printed = capsys.readouterr().out
@@ -172,6 +175,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.distributed
 def test_workers_exit_when_their_parent_is_killed(tmp_path: Path):
     """The watchdog: even a SIGKILLed parent (no cleanup runs) leaves no orphan workers behind."""
     import signal
