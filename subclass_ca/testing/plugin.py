@@ -5,7 +5,7 @@ Fixtures:
 * ``ca_backend`` — the backend to certify on: ``--ca-backend`` (default ``aot_eager``).
 * ``assert_ca_matches_eager`` — ``assert_ca_matches_eager(fn, *inputs, gradient=None,
   backend=None, atol=None, rtol=None)`` runs ``fn(*inputs)`` + backward eagerly and with
-  ``torch.compile(fn)`` + ``subclass_ca.enable()``, on fresh copies of the inputs, and
+  ``torch.compile(fn)`` + ``subclass_ca.enable()`` (input ``.grad`` cleared per run, restored after), and
   asserts outputs, gradients, gradient types and subclass flatten contexts match.
 * ``ca_check_subclass`` — :func:`subclass_ca.testing.check_subclass` defaulting to ``ca_backend``.
 
@@ -42,15 +42,6 @@ def ca_backend(request: pytest.FixtureRequest) -> str:
     return str(request.config.getoption("--ca-backend", default="aot_eager") or "aot_eager")
 
 
-def _fresh_copy(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        copy = value.detach().clone()
-        return copy.requires_grad_(value.requires_grad) if value.requires_grad else copy
-    return value
-
-
 def ca_matches_eager(
     fn: Callable[..., Any],
     *inputs: Any,
@@ -59,7 +50,7 @@ def ca_matches_eager(
     atol: float | None = None,
     rtol: float | None = None,
 ) -> dict[str, Any]:
-    """Run ``fn`` eagerly and under subclass_ca on copies of ``inputs``; raise AssertionError on any difference.
+    """Run ``fn`` eagerly and under subclass_ca on ``inputs``; raise AssertionError on any difference.
 
     ``fn`` must return a tensor: a scalar loss, or any tensor when ``gradient`` is given
     (it is passed to ``backward``).  Tolerances default to bitwise on aot_eager.
@@ -74,8 +65,15 @@ def ca_matches_eager(
     if atol is None and rtol is None:
         atol, rtol = (0.0, 0.0) if backend == "aot_eager" else (None, None)
 
+    # The inputs themselves are used (a copy would go through the subclass's own detach/clone,
+    # which may differ from the original); their .grad is cleared per run and restored after.
+    leaves = [v for v in inputs if isinstance(v, torch.Tensor) and v.requires_grad]
+    saved_grads = [leaf.grad for leaf in leaves]
+
     def run(compiled: bool) -> dict[str, Any]:
-        copies = [_fresh_copy(v) for v in inputs]
+        copies = inputs
+        for leaf in leaves:
+            leaf.grad = None
         subclass_ca.reset()
         try:
             call = torch.compile(fn, backend=backend) if compiled else fn
@@ -92,8 +90,12 @@ def ca_matches_eager(
         }
         return snapshot({"out": out.detach(), **grads})
 
-    eager = run(compiled=False)
-    ca = run(compiled=True)
+    try:
+        eager = run(compiled=False)
+        ca = run(compiled=True)
+    finally:
+        for leaf, grad in zip(leaves, saved_grads):
+            leaf.grad = grad
     problems, _, _ = compare_values(eager, ca, atol=atol, rtol=rtol)
     if problems:
         name = getattr(fn, "__qualname__", repr(fn))
