@@ -144,6 +144,30 @@ def torch_state_snapshot() -> dict[str, Any]:
     }
 
 
+def compiled_autograd_capture_id() -> tuple[Any, str]:
+    """A token that changes whenever compiled autograd starts a capture (any compiler) or is reset.
+
+    CA's ``COMPILE_COUNTER`` (an ``itertools.count``, replaced by ``reset()``) together with
+    its repr (``count(N)``, read without consuming it); unlike ``counters["compiled_autograd"]``
+    it is not cleared by users.  Compare tokens with :func:`same_capture_id`.
+    """
+    counter = getattr(compiled_autograd_module(), "COMPILE_COUNTER", None)
+    if counter is None:
+        return (None, str(ca_counters().get("captures", 0)))
+    return (counter, repr(counter))
+
+
+def same_capture_id(first: tuple[Any, str] | None, second: tuple[Any, str] | None) -> bool:
+    if first is None or second is None:
+        return False
+    return first[0] is second[0] and first[1] == second[1]
+
+
+def clear_compiled_autograd_cache() -> None:
+    """Drop compiled autograd's graph cache only (keeps the installed compiler and counters)."""
+    torch._C._dynamo.compiled_autograd.clear_cache()
+
+
 def reset_compiled_autograd() -> None:
     """Drop compiled autograd's graph cache (forces the next backward to recapture)."""
     compiled_autograd_module().reset()

@@ -118,6 +118,59 @@ def _make_compiler_fn(config: Config) -> Callable[[torch.fx.GraphModule], Any]:
     return compile_ca_graph
 
 
+class _CacheOwnership:
+    """Make sure a backward under ``enable()`` never reuses a CA graph another compiler captured.
+
+    Compiled autograd's graph cache is process-global and not keyed by the compiler
+    function: after a stock-CA step (or an ``enable()`` block with another backend or
+    options) the same model would silently run that graph.  On entering a block whose
+    configuration differs from the cache's owner, or when captures happened outside our
+    blocks (compiled autograd's capture id moved), the cache is cleared and the block recaptures.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: Any = None
+        self._captures_at_release: Any = None
+        self._active: list[Any] = []
+
+    @staticmethod
+    def _captures() -> Any:
+        return _compat.compiled_autograd_capture_id()
+
+    def _claim(self, key: Any) -> None:
+        if self._owner != key or not _compat.same_capture_id(self._captures_at_release, self._captures()):
+            _compat.clear_compiled_autograd_cache()
+        self._owner = key
+
+    def enter(self, key: Any) -> None:
+        with self._lock:
+            if not self._active or self._active[-1] != key:
+                self._claim(key)
+            self._active.append(key)
+
+    def exit(self) -> None:
+        with self._lock:
+            key = self._active.pop()
+            self._captures_at_release = self._captures()
+            if self._active and self._active[-1] != key:
+                self._claim(self._active[-1])
+                self._captures_at_release = self._captures()
+
+
+_cache_ownership = _CacheOwnership()
+
+
+def _cache_key(config: Config) -> tuple[Any, ...]:
+    return (
+        config.backend,
+        repr(sorted(config.compile_kwargs.items())),
+        config.dynamic,
+        config.strict,
+        config.on_unsupported,
+    )
+
+
 class enable(contextlib.ContextDecorator):
     """Capture ``backward()`` with compiled autograd, rebuilding subclasses through our proxy.
 
@@ -167,6 +220,8 @@ class enable(contextlib.ContextDecorator):
                 _compat.enable_compiled_autograd(_make_compiler_fn(self.config), dynamic=self.config.dynamic)
             )
             stack.enter_context(diagnostics.cache_miss_logging())
+            _cache_ownership.enter(_cache_key(self.config))
+            stack.callback(_cache_ownership.exit)
         except BaseException:
             stack.close()
             raise

@@ -117,6 +117,19 @@ def _pending_events() -> dict[str, Any]:
     return events
 
 
+def begin_capture(capture_id: Any) -> None:
+    """Start recording for compiled-autograd capture ``capture_id``.
+
+    Events left by a capture that never reached our compiler function (e.g. one compiled by
+    another compiler while the proxy was installed) are dropped, so they cannot leak into
+    the next report.
+    """
+    events = _pending_events()
+    if events.get("capture_id", capture_id) != capture_id:
+        events.update(aot_backwards=0, nodes=Counter(), fallbacks=[])
+    events["capture_id"] = capture_id
+
+
 def record_aot_backward() -> None:
     _pending_events()["aot_backwards"] += 1
 

@@ -145,3 +145,29 @@ def test_missing_torch_feature_fails_at_enable_naming_version_and_piece(monkeypa
 
 def test_supported_torch_has_no_missing_features():
     assert _compat.missing_features() == ()
+
+
+def test_enable_never_reuses_a_graph_captured_by_stock_compiled_autograd():
+    w, step, x = _pair_model()
+    with _compat.stock_compiled_autograd(_compat.stock_ca_compiler("aot_eager")):
+        step(x).backward()
+    subclass_ca.clear_reports()
+    w.grad = None
+    with subclass_ca.enable():
+        step(x).backward()
+    report = subclass_ca.last_report()
+    assert report is not None, "enable() ran the stock graph without capturing"
+    assert report.nodes_for("PairTensor", "proxy") == 1
+
+
+def test_blocks_with_different_backends_each_capture_their_own_graph():
+    w, step, x = _pair_model()
+    first, second = GraphRecorder(), GraphRecorder()
+    with subclass_ca.enable(first):
+        step(x).backward()
+    with subclass_ca.enable(second):
+        step(x).backward()
+    with subclass_ca.enable(second):  # same configuration: the cached graph is reused
+        step(x).backward()
+    assert len(first.graphs) == 1 and len(second.graphs) == 1
+    assert torch._dynamo.utils.counters["compiled_autograd"]["captures"] == 2
