@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+import subclass_ca
+
 from . import subclasses
 from .suite import SubclassSpec
 
@@ -70,9 +72,9 @@ def dtensor_spec(mesh: Any) -> SubclassSpec:
 
 
 def _two_tensor_spec() -> SubclassSpec | None:
-    try:
-        from torch.testing._internal.two_tensor import TwoTensor
-    except ImportError:
+    # found through the registry (public API): the built-in handler registers torch's TwoTensor
+    TwoTensor = next((cls for cls in subclass_ca.handlers() if cls.__name__ == "TwoTensor"), None)  # noqa: N806
+    if TwoTensor is None:
         return None
     return SubclassSpec(make_tensor=lambda dense: TwoTensor(dense.clone(), dense * 2.0))
 
