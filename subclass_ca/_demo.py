@@ -604,6 +604,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--dtensor", action="store_true", help="multi-process DTensor training vs a dense run")
+    parser.add_argument("--fsdp2", action="store_true",
+                        help="multi-process FSDP2 (fully_shard) training: eager / compile / subclass_ca / stock CA vs a dense run")
     parser.add_argument("--nproc", type=int, default=2, help="processes for --dtensor (default 2)")
     parser.add_argument("--timeout", type=float, default=180.0, help="bound in seconds for --dtensor (default 180)")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="max difference for --dtensor (default 1e-5)")
@@ -648,6 +650,10 @@ def _main_dtensor(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.fsdp2:  # subclass_ca/fsdp2.py; docs/distributed.md
+        from . import fsdp2
+
+        return fsdp2.demo_main(args)
     if args.dtensor:
         args.backend = args.backend or "aot_eager"
         return _main_dtensor(args)
