@@ -715,6 +715,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--note", help="free text about the machine (shared, noisy, ...) recorded in RESULTS.md")
     p.add_argument("--render", metavar="RESULTS_JSON", help="do not measure: re-render RESULTS.md and the chart from a results.json")
     p.add_argument("--append", metavar="MARKDOWN", help="append this markdown file (e.g. an analysis) to RESULTS.md")
+    p.add_argument("--fsdp2", action="store_true", help="also time FSDP2 (fully_shard) training, eager FSDP2 vs subclass_ca "
+                   "(multi-process; combine with --render to add it to existing results)")
+    p.add_argument("--nproc", type=int, default=2, help="processes for --fsdp2 (default 2)")
     return p
 
 
@@ -746,6 +749,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = json.load(f)
     else:
         results = run(settings)
+    if args.fsdp2:  # subclass_ca/fsdp2.py: step time vs eager FSDP2, correctness checked
+        from . import fsdp2
+
+        results["fsdp2"] = fsdp2.bench(world_size=args.nproc)
     if args.append:
         with open(args.append) as f:
             results["notes"] = f.read()
@@ -757,6 +764,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dump(results, f, indent=1, default=str)
     with open(os.path.join(settings.out_dir, "RESULTS.md"), "w") as f:
         f.write(render_markdown(results))
+        if results.get("fsdp2"):
+            from . import fsdp2
+
+            f.write(fsdp2.markdown_section(results["fsdp2"]))
     for key, text in TARGETS.items():
         v = results["verdicts"][key]
         print(f"{ {True: 'met   ', False: 'MISSED', None: 'n/a   '}[v['met']]} {text}: {v['detail']}")
