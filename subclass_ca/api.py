@@ -50,6 +50,8 @@ class _CompiledCAGraph:
         # Note [FSDP2 under compiled autograd] in _fsdp2.py: detect FSDP2 hooks before the graph
         # runs, run the engine final callbacks eager hooks queue, check FSDP2 finished its backward.
         fsdp2_states = _fsdp2.prepare(self, args)
+        if not self._graph_breaks_allowed:  # fullgraph: no eager code in the graph can queue a callback
+            return self._run(*args, **kwargs)
         with _fsdp2.final_callbacks():
             result = self._run(*args, **kwargs)
         _fsdp2.check_finished(fsdp2_states)
