@@ -37,7 +37,8 @@ What ``enable()`` does about it (``api._CompiledCAGraph`` calls :func:`prepare` 
   hooks (``fullgraph=False``) -- the hooks cannot be traced on this torch -- and the
   capture report records why.  Nothing else in the CA graph changes: our subclass
   rebuild nodes stay in the compiled segments.
-* Around every run, ``Variable._execution_engine`` is swapped for an object of the same
+* Around every run of a graph with graph breaks (a ``fullgraph`` graph runs no eager code,
+  and pays nothing), ``Variable._execution_engine`` is swapped for an object of the same
   engine type whose ``queue_callback`` collects into a list; after the graph returns,
   the collected callbacks run in FIFO order (callbacks queued by callbacks too), which
   is what the eager engine does at the end of ``backward()``.  Traced code is
