@@ -454,7 +454,7 @@ def _proxy_call_aot_backward(compiler: Any, ctx: Any, call_original: Any) -> Any
 
 
 def _proxy_aot_backward_with_epilogue(compiler: Any, ctx: Any, call_original: Any) -> Any:
-    diagnostics.begin_capture(getattr(compiler, "id", id(compiler)))
+    diagnostics.begin_capture(compiler)
     diagnostics.record_aot_backward()
     if not _compat.has_subclass_grads(ctx):
         return call_original()

@@ -65,6 +65,7 @@ _REQUIRED = {
     "dynamo disable": "torch._dynamo:disable",
     "traceable wrapper subclass protocol": "torch.utils._python_dispatch:is_traceable_wrapper_subclass",
     "dynamo counters": "torch._dynamo.utils:counters",
+    "autograd function CA cache key": "torch.autograd.function:BackwardCFunction._compiled_autograd_key",
 }
 
 
@@ -140,27 +141,38 @@ def torch_state_snapshot() -> dict[str, Any]:
         "multithreading": torch._C._is_multithreading_enabled(),
         "proxy_call_aot_backward": compiler_cls.__dict__["proxy_call_aot_backward"],
         "allow_in_graph": dynamo.allow_in_graph,
+        "autograd_function_ca_key": _lookup("torch.autograd.function:BackwardCFunction").__dict__["_compiled_autograd_key"],
         "grad_enabled": torch.is_grad_enabled(),
     }
 
 
-def compiled_autograd_capture_id() -> tuple[Any, str]:
-    """A token that changes whenever compiled autograd starts a capture (any compiler) or is reset.
+_CACHE_KEY_MARK = 0x5CA  # "subclass_ca" marker ahead of our token in an autograd function's CA key
 
-    CA's ``COMPILE_COUNTER`` (an ``itertools.count``, replaced by ``reset()``) together with
-    its repr (``count(N)``, read without consuming it); unlike ``counters["compiled_autograd"]``
-    it is not cleared by users.  Compare tokens with :func:`same_capture_id`.
+
+@contextlib.contextmanager
+def cache_key_token(token: int) -> Iterator[None]:
+    """Append ``token`` to every custom autograd function's compiled-autograd cache key.
+
+    Compiled autograd's graph cache is process-global and not keyed by the compiler: a
+    graph captured by stock CA (or by an ``enable()`` with other settings) would otherwise be
+    reused.  AOT backward nodes contribute ``ctx._compiled_autograd_key()`` (ints) to the
+    cache key, so while this is active those nodes — and thus every graph that holds one —
+    are cached separately per token.  Re-entrant: the innermost token applies.
     """
-    counter = getattr(compiled_autograd_module(), "COMPILE_COUNTER", None)
-    if counter is None:
-        return (None, str(ca_counters().get("captures", 0)))
-    return (counter, repr(counter))
+    ctx_cls = _lookup("torch.autograd.function:BackwardCFunction")
+    original = ctx_cls.__dict__["_compiled_autograd_key"]
 
+    def _compiled_autograd_key(ctx: Any) -> Any:
+        # only the leading id is a static key (the rest are lifted as symints), so the token is
+        # folded into it: a 62-bit hash of (function id, mark, token) fits C++'s ssize_t
+        function_id, *rest = original(ctx)
+        return (hash((function_id, _CACHE_KEY_MARK, token)) & ((1 << 62) - 1), *rest)
 
-def same_capture_id(first: tuple[Any, str] | None, second: tuple[Any, str] | None) -> bool:
-    if first is None or second is None:
-        return False
-    return first[0] is second[0] and first[1] == second[1]
+    ctx_cls._compiled_autograd_key = _compiled_autograd_key
+    try:
+        yield
+    finally:
+        ctx_cls._compiled_autograd_key = original
 
 
 def clear_compiled_autograd_cache() -> None:

@@ -120,47 +120,24 @@ def _make_compiler_fn(config: Config) -> Callable[[torch.fx.GraphModule], Any]:
     return compile_ca_graph
 
 
-class _CacheOwnership:
-    """Make sure a backward under ``enable()`` never reuses a CA graph another compiler captured.
+_cache_tokens: dict[Any, int] = {}
+_cache_tokens_lock = threading.Lock()
 
-    Compiled autograd's graph cache is process-global and not keyed by the compiler
-    function: after a stock-CA step (or an ``enable()`` block with another backend or
-    options) the same model would silently run that graph.  On entering a block whose
-    configuration differs from the cache's owner, or when captures happened outside our
-    blocks (compiled autograd's capture id moved), the cache is cleared and the block recaptures.
+
+def _cache_token(config: Config) -> int:
+    """A small int per distinct configuration: CA graphs are cached separately per token.
+
+    Note [Keeping CA caches apart]: compiled autograd's cache is global and not keyed by the
+    compiler; ``_compat.cache_key_token`` folds this token into AOT backward nodes' cache keys,
+    so a graph captured by stock CA or under other settings is never reused by this block.
     """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._owner: Any = None
-        self._captures_at_release: Any = None
-        self._active: list[Any] = []
-
-    @staticmethod
-    def _captures() -> Any:
-        return _compat.compiled_autograd_capture_id()
-
-    def _claim(self, key: Any) -> None:
-        if self._owner != key or not _compat.same_capture_id(self._captures_at_release, self._captures()):
-            _compat.clear_compiled_autograd_cache()
-        self._owner = key
-
-    def enter(self, key: Any) -> None:
-        with self._lock:
-            if not self._active or self._active[-1] != key:
-                self._claim(key)
-            self._active.append(key)
-
-    def exit(self) -> None:
-        with self._lock:
-            key = self._active.pop()
-            self._captures_at_release = self._captures()
-            if self._active and self._active[-1] != key:
-                self._claim(self._active[-1])
-                self._captures_at_release = self._captures()
-
-
-_cache_ownership = _CacheOwnership()
+    key = _cache_key(config)
+    with _cache_tokens_lock:
+        for known, token in _cache_tokens.items():
+            if known == key:
+                return token
+        token = _cache_tokens[key] = len(_cache_tokens)  # type: ignore[index]
+        return token
 
 
 def _cache_key(config: Config) -> tuple[Any, ...]:
@@ -222,8 +199,7 @@ class enable(contextlib.ContextDecorator):
                 _compat.enable_compiled_autograd(_make_compiler_fn(self.config), dynamic=self.config.dynamic)
             )
             stack.enter_context(diagnostics.cache_miss_logging())
-            _cache_ownership.enter(_cache_key(self.config))
-            stack.callback(_cache_ownership.exit)
+            stack.enter_context(_compat.cache_key_token(_cache_token(self.config)))
         except BaseException:
             stack.close()
             raise

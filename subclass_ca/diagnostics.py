@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -117,17 +118,18 @@ def _pending_events() -> dict[str, Any]:
     return events
 
 
-def begin_capture(capture_id: Any) -> None:
-    """Start recording for compiled-autograd capture ``capture_id``.
+def begin_capture(compiler: Any) -> None:
+    """Start recording for the capture run by ``compiler`` (torch's compiler instance).
 
     Events left by a capture that never reached our compiler function (e.g. one compiled by
     another compiler while the proxy was installed) are dropped, so they cannot leak into
-    the next report.
+    the next report.  The instance is held weakly and compared by identity.
     """
     events = _pending_events()
-    if events.get("capture_id", capture_id) != capture_id:
+    owner = events.get("compiler")
+    if owner is not None and owner() is not compiler:
         events.update(aot_backwards=0, nodes=Counter(), fallbacks=[])
-    events["capture_id"] = capture_id
+    events["compiler"] = weakref.ref(compiler)
 
 
 def record_aot_backward() -> None:

@@ -188,8 +188,12 @@ def _run(args: argparse.Namespace) -> int:
         print("subclasses: " + ", ".join([*specs, *(f"{n} (no factory)" for n in uncovered)]))
         print("scenarios:  " + ", ".join(scenarios))
         return 0
-    if not specs and not uncovered:
-        raise UsageError("nothing to check: no subclass left after --subclass/--no-zoo/--no-builtin")
+    if not specs:
+        detail = f" (registered without a factory: {', '.join(uncovered)})" if uncovered else ""
+        raise UsageError(
+            "nothing to check: no subclass with a factory left after --subclass/--no-zoo/--no-builtin"
+            + detail + "; expose SUBCLASS_CA_FACTORIES in a --module"
+        )
 
     report = CheckReport()
     units = [(n, s, b, d, sc) for n, s in specs.items() for b in backends for d in devices
