@@ -12,6 +12,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -44,7 +45,7 @@ _CREATION_META_FIELDS = (
 
 def _lookup(dotted: str) -> Any:
     module_name, _, attr_path = dotted.partition(":")
-    value: Any = importlib.import_module(module_name)
+    value: Any = sys.modules.get(module_name) or importlib.import_module(module_name)
     for part in attr_path.split(".") if attr_path else ():
         value = getattr(value, part)
     return value
@@ -622,7 +623,23 @@ _workaround_depth = 0
 _workaround_saved: list[tuple[Any, str, Any]] = []
 
 
+_probe_results: dict[int, tuple[Any, bool]] = {}
+
+
 def _subclass_grad_context_bug() -> bool:
+    """Cached :func:`_probe_subclass_grad_context_bug`, per identity of torch's function."""
+    try:
+        compatible = importlib.import_module("torch._subclasses.meta_utils")._grad_context_compatible
+    except (ImportError, AttributeError):
+        return False
+    compatible = getattr(compatible, "__subclass_ca_original__", compatible)
+    cached = _probe_results.get(id(compatible))
+    if cached is None or cached[0] is not compatible:
+        cached = _probe_results[id(compatible)] = (compatible, _probe_subclass_grad_context_bug())
+    return cached[1]
+
+
+def _probe_subclass_grad_context_bug() -> bool:
     """True where FakeTensor conversion reuses a plain tensor's symbolic context for its subclass ``.grad``.
 
     torch 2.13's ``meta_utils._grad_context_compatible`` only compares view-base structure,
