@@ -194,7 +194,7 @@ def _loss_value(loss: torch.Tensor) -> float:
 
 
 def _backward_context(mode: str, backend: str) -> Callable[[], Any]:
-    """The per-step backward context's factory, built once per run (as a user's decorator would be)."""
+    """The backward context's factory for one run; the run enters it once around its loop."""
     if mode == "stock_ca":
         compiler_fn = _compat.stock_ca_compiler(backend)
         return lambda: _compat.stock_compiled_autograd(compiler_fn)
@@ -238,23 +238,23 @@ def _train(config: DemoConfig, model_name: str, mode: str, tick: Callable[[], No
     step_loss = model.loss_fn if mode == "eager" else torch.compile(model.loss_fn, backend=config.backend)
     first_capture = diagnostics.capture_count()
     try:
-        backward_context = _backward_context(mode, config.backend)
-        for batch in model.batches:
-            start = time.perf_counter()
-            loss = step_loss(*model.params, *batch)
-            with backward_context():
+        # the CA modes enter their context once around the training loop (the recommended use)
+        with _backward_context(mode, config.backend)():
+            for batch in model.batches:
+                start = time.perf_counter()
+                loss = step_loss(*model.params, *batch)
                 loss.backward()
-            with torch.no_grad():
-                for param in model.params:
-                    if param.grad is None:
-                        raise RuntimeError(f"{model_name}/{mode}: a parameter got no gradient")
-                    param.sub_((config.lr or model.lr) * param.grad)
-                    param.grad = None
-            if config.device.startswith("cuda"):
-                torch.cuda.synchronize()
-            result.step_times_s.append(time.perf_counter() - start)
-            result.losses.append(_flat(loss).tolist())
-            tick()
+                with torch.no_grad():
+                    for param in model.params:
+                        if param.grad is None:
+                            raise RuntimeError(f"{model_name}/{mode}: a parameter got no gradient")
+                        param.sub_((config.lr or model.lr) * param.grad)
+                        param.grad = None
+                if config.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                result.step_times_s.append(time.perf_counter() - start)
+                result.losses.append(_flat(loss).tolist())
+                tick()
     except Exception as error:  # noqa: BLE001 - a failing mode is reported, not fatal
         result.status = "failed"
         message = str(error).strip().splitlines()
