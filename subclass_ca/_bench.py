@@ -152,17 +152,6 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-@contextlib.contextmanager
-def _ours_with_compiler(compiler_fn: Callable[..., Any]) -> Iterator[None]:
-    """Our capture with a caller-provided CA compiler_fn (used to record the graph for the memory proxy)."""
-    _capture.install()
-    try:
-        with _compat.enable_compiled_autograd(compiler_fn, dynamic=True):
-            yield
-    finally:
-        _capture.uninstall()
-
-
 def _make_step(workload: _bench_models.Workload, mode: str, backend: str | None, device: str) -> Callable[[], None]:
     forward = workload.forward if mode == "eager" else torch.compile(workload.forward, backend=backend)
     if mode == "stock_ca":
@@ -385,7 +374,7 @@ def _memory(settings: BenchSettings) -> list[dict[str, Any]]:
     size = settings.sizes[0]
     for model in settings.models:
         row: dict[str, Any] = {"model": model, "size": size}
-        for mode, enter in (("stock_ca", _compat.stock_compiled_autograd), ("subclass_ca", _ours_with_compiler)):
+        for mode, enter in (("stock_ca", _compat.stock_compiled_autograd), ("subclass_ca", _capture.with_compiler)):
             workload = _bench_models.build(model, size, settings.device, tag=f"{size}_memory_{mode}")
             forward = torch.compile(workload.forward, backend="aot_eager")
 

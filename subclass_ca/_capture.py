@@ -703,3 +703,18 @@ def subclass_trace_wrapped(*args: Any, fn: Any, **kwargs: Any) -> Any:
     wrapped = functools.partial(_hook_on_rebuilt, hook_fn=fn, make=make, flatten=_flatten_callable, recipe=recipe_id)
     outs = original(tuple(flat), fn=wrapped, **kwargs)
     return rebuild(recipe, list(outs))
+
+
+@contextlib.contextmanager
+def with_compiler(compiler_fn: Any, *, dynamic: bool = True) -> Any:
+    """Our epilogue proxy under compiled autograd with a caller's ``compiler_fn``.
+
+    For measurements and tests that must see the raw CA graph: unlike ``enable()`` it adds
+    none of the workarounds, cache keying or the compiled-graph wrapper.
+    """
+    install()
+    try:
+        with _compat.enable_compiled_autograd(compiler_fn, dynamic=dynamic):
+            yield
+    finally:
+        uninstall()

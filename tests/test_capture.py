@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import subclass_ca
@@ -157,12 +156,8 @@ def test_dummy_output_carries_real_outer_metadata():
         return gm
 
     out = torch.compile(lambda x: x @ w, backend="aot_eager")(x)
-    with _compat.enable_compiled_autograd(compiler, dynamic=False):
-        _capture.install()
-        try:
-            out.backward(tangent)
-        finally:
-            _capture.uninstall()
+    with _capture.with_compiler(compiler, dynamic=False):
+        out.backward(tangent)
     nodes = _capture.subclass_node_targets(graphs[0].graph)
     assert len(nodes) == 1
     meta = nodes[0].meta["subclass_ca"]

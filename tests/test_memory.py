@@ -7,10 +7,6 @@ Structural property of the captured CA graph (see Note [Why the epilogue holds m
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 import torch
 
@@ -18,19 +14,7 @@ from subclass_ca import _bench_memory, _capture, _compat
 from subclass_ca.testing.subclasses import PairTensor, make_pair
 
 N_SUBCLASS_PARAMS = 4
-
-
-@contextlib.contextmanager
-def _ours(compiler_fn: Any) -> Iterator[None]:
-    _capture.install()
-    try:
-        with _compat.enable_compiled_autograd(compiler_fn, dynamic=True):
-            yield
-    finally:
-        _capture.uninstall()
-
-
-ENTERS = {"stock": _compat.stock_compiled_autograd, "ours": _ours}
+ENTERS = {"stock": _compat.stock_compiled_autograd, "ours": _capture.with_compiler}
 
 
 def _params(seed: int = 0) -> list[torch.Tensor]:

@@ -16,26 +16,13 @@ import torch
 import subclass_ca
 from subclass_ca import _compat
 from tests.helpers import assert_same_grad
+from tests.regressions._models import PairThenLinear
 
 TwoTensor = _compat.two_tensor_type()
 pytestmark = pytest.mark.skipif(TwoTensor is None, reason="torch.testing._internal.two_tensor is missing")
 
 STEPS = 4
 LR = 0.1
-
-
-class PairThenLinear(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        dense = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
-        self.w = torch.nn.Parameter(TwoTensor(dense.clone(), dense * 2.0))
-        self.lin = torch.nn.Linear(4, 3)
-        with torch.no_grad():
-            self.lin.weight.copy_(torch.randn(3, 4, generator=torch.Generator().manual_seed(1)))
-            self.lin.bias.copy_(torch.randn(3, generator=torch.Generator().manual_seed(2)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin(x @ self.w).sin().sum()
 
 
 def sgd_in_backward(param: torch.Tensor) -> None:
