@@ -25,7 +25,7 @@ def main() -> None:
     stock_step, our_step = model(), model()  # separate compiled forwards: separate CA graphs
 
     def stock_ctx():
-        return _compat.stock_compiled_autograd(_compat.stock_ca_compiler("aot_eager"))
+        return _compat.enable_compiled_autograd(_compat.stock_ca_compiler("aot_eager"))
 
     ours = subclass_ca.enable()
     per_step = {

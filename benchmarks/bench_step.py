@@ -1,6 +1,6 @@
 """Benchmark one training step: eager / torch.compile / stock compiled autograd / subclass_ca.
 
-Thin entry point; the engine is ``subclass_ca._bench`` (same as ``python -m subclass_ca bench``
+Thin entry point; the engine is ``subclass_ca._tools.bench`` (same as ``python -m subclass_ca bench``
 and ``make bench``).  Examples::
 
     python benchmarks/bench_step.py --quick --out-dir /tmp/bench
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from subclass_ca._bench import main
+from subclass_ca._tools.bench import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -1,14 +1,15 @@
 """subclass_ca: compiled autograd for wrapper tensor subclasses.
 
-The whole public API is imported here; everything else is private or a submodule
-(``subclass_ca.testing`` for the testing kit).
+The whole public API is imported here; everything else is private or a submodule:
+``subclass_ca.diagnostics`` (reports, graph-callable and recipe counts) and
+``subclass_ca.testing`` (the testing kit).
 """
 
 from __future__ import annotations
 
 from . import handlers as _builtin_handlers  # noqa: F401  (registers the built-in handlers)
-from ._capture import named_callables, recipe_count
-from ._compat import SUPPORTED_TORCH, TORCH_VERSION
+from . import diagnostics
+from ._compat import SUPPORTED_TORCH, TESTED_TORCH
 from .api import enable, reset
 from .config import Config
 from .diagnostics import CaptureReport, cache_stats, clear_reports, last_report, reports
@@ -47,8 +48,7 @@ __all__ = [
     "reports",
     "clear_reports",
     "cache_stats",
-    "named_callables",
-    "recipe_count",
+    "diagnostics",
     # errors
     "SubclassCAError",
     "UnsupportedTorchError",
@@ -60,7 +60,7 @@ __all__ = [
     "FSDP2UnsupportedError",
     "HookOnSubclassError",
     # versions
-    "TORCH_VERSION",
     "SUPPORTED_TORCH",
+    "TESTED_TORCH",
     "__version__",
 ]

@@ -6,9 +6,9 @@ import importlib
 import sys
 
 _COMMANDS = {
-    "demo": ("subclass_ca._demo", "train a small subclass model in four modes side by side"),
+    "demo": ("subclass_ca._tools.demo", "train a small subclass model in four modes side by side"),
     "check": ("subclass_ca.testing._cli", "certify registered and zoo subclasses; print a table"),
-    "bench": ("subclass_ca._bench", "benchmark eager / compile / stock CA / subclass_ca"),
+    "bench": ("subclass_ca._tools.bench", "benchmark eager / compile / stock CA / subclass_ca"),
 }
 
 

@@ -11,9 +11,10 @@ counts ``runs`` of its compiled graph: the first run follows the capture, every 
 run is a cache hit.  The *reason* for a miss comes from torch itself: while an
 ``enable()`` block is active we route compiled autograd's C++ verbose logger
 (``torch._C._dynamo.compiled_autograd.set_verbose_logger``) to :class:`_CacheMissLog`,
-which keeps its "Cache miss due to ..." lines and hands them to the next report.  Where
-torch lacks that hook, ``CaptureReport.miss_reasons_available`` is False and the summary
-says so.  Dynamo-level recompiles *of* one CA graph (guard failures inside
+which keeps its "Cache miss due to ..." lines and hands them to the next report.  This is
+done only when reasons are asked for (``enable(report=True)`` or ``SUBCLASS_CA_LOG=info``);
+otherwise, or where torch lacks that hook, ``CaptureReport.miss_reasons_available`` is
+False and the summary says so.  Dynamo-level recompiles *of* one CA graph (guard failures inside
 ``torch.compile``) are not reported here: torch exposes their reasons only through its
 ``recompiles`` log artifact (``TORCH_LOGS=recompiles``).
 """
@@ -31,8 +32,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _compat
+from ._nodes import named_callables
+from ._recipe import recipe_count
 
-__all__ = ["CaptureReport", "last_report", "reports", "clear_reports", "cache_stats", "logger"]
+__all__ = [
+    "CaptureReport",
+    "last_report",
+    "reports",
+    "clear_reports",
+    "cache_stats",
+    "named_callables",
+    "recipe_count",
+    "logger",
+]
 
 logger = logging.getLogger("subclass_ca")
 _level = os.environ.get("SUBCLASS_CA_LOG", "").strip().upper()
@@ -72,7 +84,7 @@ class CaptureReport:
     """torch's own "Cache miss due to ..." messages that led to this capture (empty for a capture
     made while no reason hook was installed, e.g. the very first one of a process on old torch)."""
     miss_reasons_available: bool = True
-    """False where this torch gives no hook for compiled autograd's cache-miss reasons."""
+    """False when reasons were not collected (not asked for, or this torch gives no hook)."""
 
     @property
     def cache_hits(self) -> int:
@@ -97,7 +109,7 @@ class CaptureReport:
         lines += [f"  fallback: {reason}" for reason in self.fallbacks]
         lines.append(f"  runs={self.runs} (cache hits={self.cache_hits})")
         if not self.miss_reasons_available:
-            lines.append("  cache-miss reason: not exposed by this torch version")
+            lines.append("  cache-miss reason: not collected (enable(report=True) or SUBCLASS_CA_LOG=info collects it)")
         lines += [f"  cache miss: {reason}" for reason in self.miss_reasons]
         if self.ca_counters:
             counters = ", ".join(f"{k}={v}" for k, v in sorted(self.ca_counters.items()))
@@ -177,29 +189,39 @@ class _CacheMissLog:
             self._forward_to.debug(message, *args)
 
 
-_miss_log_lock = threading.Lock()
-_miss_log_depth = 0
-_miss_log_available = True
 _miss_log: _CacheMissLog | None = None
 """Kept alive here: torch's C++ side holds the logger without owning a reference."""
+
+
+def _make_miss_log(original: Any) -> _CacheMissLog:
+    global _miss_log
+    _miss_log = _CacheMissLog(forward_to=original)
+    return _miss_log
+
+
+CACHE_MISS_LOG = _compat.PatchSet(
+    "compiled autograd cache-miss log", lambda: [_compat.verbose_logger_swap(_make_miss_log)]
+)
+
+
+def miss_reasons_available() -> bool:
+    """Whether this torch lets us hear compiled autograd's cache-miss reasons."""
+    return not any(name.startswith("compiled autograd verbose logger") for name in _compat.missing_optional_features())
+
+
+def miss_reasons_requested() -> bool:
+    """Cache-miss reasons are collected only when asked for: ``report=True`` or ``SUBCLASS_CA_LOG=info|debug``."""
+    return logger.isEnabledFor(logging.INFO)
 
 
 @contextlib.contextmanager
 def cache_miss_logging() -> Iterator[bool]:
     """Collect compiled autograd's cache-miss reasons while active (re-entrant; yields availability)."""
-    global _miss_log_depth, _miss_log_available, _miss_log
-    with _miss_log_lock:
-        if _miss_log_depth == 0:
-            _miss_log = _CacheMissLog(forward_to=_compat.ca_verbose_log())
-            _miss_log_available = _compat.set_ca_verbose_logger(_miss_log)
-        _miss_log_depth += 1
-    try:
-        yield _miss_log_available
-    finally:
-        with _miss_log_lock:
-            _miss_log_depth -= 1
-            if _miss_log_depth == 0 and _miss_log_available:
-                _compat.set_ca_verbose_logger(_compat.ca_verbose_log())
+    if not miss_reasons_available():
+        yield False
+        return
+    with CACHE_MISS_LOG.applied():
+        yield True
 
 
 def finish_capture(*, graph_nodes: int, fullgraph: bool, ca_counters: dict[str, int], graph_code: str) -> CaptureReport:
@@ -218,7 +240,7 @@ def finish_capture(*, graph_nodes: int, fullgraph: bool, ca_counters: dict[str, 
             ca_counters=ca_counters,
             graph_code=graph_code,
             miss_reasons=events["misses"],
-            miss_reasons_available=_miss_log_available,
+            miss_reasons_available=CACHE_MISS_LOG.holders > 0,
         )
         _capture_count += 1
         _reports.append(report)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import subclass_ca
-from subclass_ca import _capture, _compat
+from subclass_ca import _compat, _runtime
 from subclass_ca.testing.subclasses import PairTensor, make_pair
 from tests.helpers import GraphRecorder, assert_same_grad
 
@@ -36,7 +36,7 @@ def test_enable_restores_state_exactly_after_exception():
             step(x).backward()
             1 / 0
     assert _compat.torch_state_snapshot() == before
-    assert not _capture.is_installed()
+    assert _runtime.RUNTIME_PATCHES.holders == 0
 
 
 def test_nested_enable_blocks_restore_each_level():
@@ -47,7 +47,7 @@ def test_nested_enable_blocks_restore_each_level():
         with subclass_ca.enable(strict=True):
             step(x).backward()
         assert _compat.torch_state_snapshot()["proxy_call_aot_backward"] is outer["proxy_call_aot_backward"]
-        assert _capture.is_installed()
+        assert _runtime.RUNTIME_PATCHES.holders > 0
     assert _compat.torch_state_snapshot() == before
 
 
@@ -78,8 +78,8 @@ def test_same_enable_object_is_reusable_and_reentrant():
     with ctx:
         with ctx:
             step(x).backward()
-        assert _capture.is_installed()
-    assert not _capture.is_installed()
+        assert _runtime.RUNTIME_PATCHES.holders > 0
+    assert _runtime.RUNTIME_PATCHES.holders == 0
 
 
 def test_backend_callable_receives_the_ca_graph():
@@ -129,7 +129,7 @@ def test_config_is_frozen_and_keyword_only():
 
 
 def test_missing_torch_feature_fails_at_enable_naming_version_and_piece(monkeypatch):
-    monkeypatch.setitem(_compat._REQUIRED, "AOT backward proxy", "torch._dynamo.compiled_autograd:NoSuchThing")
+    monkeypatch.setitem(_compat.FEATURES, "AOT backward proxy", "torch._dynamo.compiled_autograd:AutogradCompilerInstance.NoSuchThing")
     _compat.missing_features.cache_clear()
     try:
         with pytest.raises(subclass_ca.UnsupportedTorchError) as info:
@@ -139,8 +139,8 @@ def test_missing_torch_feature_fails_at_enable_naming_version_and_piece(monkeypa
         monkeypatch.undo()
         _compat.missing_features.cache_clear()
     message = str(info.value)
-    assert torch.__version__ in message and "AOT backward proxy" in message and "pip install torch==2.13.0" in message
-    assert not _capture.is_installed()
+    assert torch.__version__ in message and "AOT backward proxy" in message and "pip install torch==" in message
+    assert _runtime.RUNTIME_PATCHES.holders == 0
 
 
 def test_supported_torch_has_no_missing_features():
@@ -149,7 +149,7 @@ def test_supported_torch_has_no_missing_features():
 
 def test_enable_never_reuses_a_graph_captured_by_stock_compiled_autograd():
     w, step, x = _pair_model()
-    with _compat.stock_compiled_autograd(_compat.stock_ca_compiler("aot_eager")):
+    with _compat.enable_compiled_autograd(_compat.stock_ca_compiler("aot_eager")):
         step(x).backward()
     subclass_ca.clear_reports()
     w.grad = None

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from subclass_ca import _bench, _bench_models
+from subclass_ca._tools import bench as _bench
+from subclass_ca._tools import bench_models as _bench_models
 
 REPO = Path(__file__).resolve().parents[1]
 

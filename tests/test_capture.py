@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import subclass_ca
-from subclass_ca import _capture, _compat
+from subclass_ca import _compat, _nodes, _runtime
 from subclass_ca.testing.subclasses import Int8RowwiseTensor, make_int8, make_pair
 from tests.helpers import assert_same_grad
 
@@ -156,9 +156,9 @@ def test_dummy_output_carries_real_outer_metadata():
         return gm
 
     out = torch.compile(lambda x: x @ w, backend="aot_eager")(x)
-    with _capture.with_compiler(compiler, dynamic=False):
+    with _runtime.capture_with(compiler, config=subclass_ca.Config(dynamic=False)):
         out.backward(tangent)
-    nodes = _capture.subclass_node_targets(graphs[0].graph)
+    nodes = _nodes.subclass_nodes(graphs[0].graph)
     assert len(nodes) == 1
     meta = nodes[0].meta["subclass_ca"]
     assert meta["type"] is Int8RowwiseTensor
@@ -193,17 +193,17 @@ def test_named_callables_do_not_grow_across_recaptures():
             step(x).backward()
 
     backward_once()
-    callables_before = dict(subclass_ca.named_callables())
-    recipes_before = subclass_ca.recipe_count()
+    callables_before = dict(subclass_ca.diagnostics.named_callables())
+    recipes_before = subclass_ca.diagnostics.recipe_count()
     allowed_before = _compat.allowed_callable_count()
     captures_before = torch._dynamo.utils.counters["compiled_autograd"]["captures"]
     for _ in range(20):
         _compat.reset_compiled_autograd()  # force a recapture of the same model
         backward_once()
     assert torch._dynamo.utils.counters["compiled_autograd"]["captures"] - captures_before == 20
-    assert subclass_ca.named_callables() == callables_before
+    assert subclass_ca.diagnostics.named_callables() == callables_before
     assert "subclass_ca_make_PairTensor" in callables_before
-    assert subclass_ca.recipe_count() == recipes_before
+    assert subclass_ca.diagnostics.recipe_count() == recipes_before
     if allowed_before is not None:
         assert _compat.allowed_callable_count() == allowed_before  # stock adds 2 per capture
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from subclass_ca import _demo
-from subclass_ca._demo import MODES, DemoConfig, format_table, run_demo
+from subclass_ca._tools import demo as _demo
+from subclass_ca._tools.demo import MODES, DemoConfig, format_table, run_demo
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -89,7 +89,7 @@ def test_a_failing_mode_is_reported_in_the_table_not_a_crash(monkeypatch, tmp_pa
     def broken_stock(*args, **kwargs):
         raise RuntimeError("stock compiled autograd is broken here\nsecond line")
 
-    monkeypatch.setattr(_demo._compat, "stock_compiled_autograd", broken_stock)
+    monkeypatch.setattr(_demo, "_stock_context", broken_stock)
     results = run_demo(_small(), tmp_path)
     modes = results["models"]["pair"]["modes"]
     assert modes["stock_ca"]["status"] == "failed"

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from subclass_ca import _demo
-from subclass_ca.distributed import LaunchConfig, WorkerError, WorkerTimeoutError, free_port, run_workers
+from subclass_ca._tools.launcher import LaunchConfig, WorkerError, WorkerTimeoutError, free_port, run_workers
 
 # --- worker functions (module level: the spawned workers import them by name) ---------
 
@@ -168,7 +168,7 @@ def test_dtensor_demo_reports_a_worker_failure_instead_of_hanging(monkeypatch, t
 
 _PARENT_SCRIPT = """
 import sys
-from subclass_ca.distributed import run_workers
+from subclass_ca._tools.launcher import run_workers
 from tests.test_distributed import sleep_forever
 if __name__ == "__main__":
     run_workers(sleep_forever, 2, timeout_s=120, args=(sys.argv[1],))

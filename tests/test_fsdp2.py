@@ -13,7 +13,7 @@ import torch
 
 import subclass_ca
 from subclass_ca import _compat, _fsdp2, fsdp2
-from subclass_ca.fsdp2 import FSDP2Run
+from subclass_ca._tools.fsdp2_parity import FSDP2Run
 
 # --- worker functions (module level: spawned workers import them by name) --------------
 

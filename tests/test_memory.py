@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from subclass_ca import _bench_memory, _capture, _compat
+from subclass_ca import _compat, _runtime
+from subclass_ca._tools import bench_memory as _bench_memory
 from subclass_ca.testing.subclasses import PairTensor, make_pair
 
 N_SUBCLASS_PARAMS = 4
-ENTERS = {"stock": _compat.stock_compiled_autograd, "ours": _capture.with_compiler}
+ENTERS = {"stock": _compat.enable_compiled_autograd, "ours": _runtime.capture_with}
 
 
 def _params(seed: int = 0) -> list[torch.Tensor]:

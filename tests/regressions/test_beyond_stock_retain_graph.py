@@ -93,7 +93,7 @@ def test_grad_accumulation_across_steps_matches_eager():
 
 def test_stock_compiled_autograd_fails_exactly_where_the_workaround_applies():
     """The probe in _compat agrees with torch: stock CA fails iff the workaround is needed."""
-    needed = bool(_compat.torch_workarounds())
+    needed = bool(_compat.needed_workarounds())
     model = PairThenLinear()
     if needed:
         with pytest.raises(Exception, match="Expected SubclassSymbolicContext or None"):
@@ -102,17 +102,27 @@ def test_stock_compiled_autograd_fails_exactly_where_the_workaround_applies():
         _run_twice_backward(model, "aot_eager", _stock_ca("aot_eager"))
 
 
-def test_workaround_is_installed_only_inside_enable_and_restored_exactly():
+def test_workaround_is_scoped_to_ca_graph_runs_not_to_the_enable_block():
+    """Note [Workaround scopes]: entering enable() alone changes nothing in meta_utils."""
     meta_utils = pytest.importorskip("torch._subclasses.meta_utils")
     original = meta_utils._grad_context_compatible
-    needed = bool(_compat.torch_workarounds())
+    seen_during_run = []
+    workaround = _compat.workarounds.GRAD_CONTEXT
+
+    def spy(*args):
+        seen_during_run.append(meta_utils._grad_context_compatible)
+        return original(*args)
+
     with subclass_ca.enable():
-        inside = meta_utils._grad_context_compatible
+        assert meta_utils._grad_context_compatible is original
         with subclass_ca.enable():
-            assert meta_utils._grad_context_compatible is inside
-        assert meta_utils._grad_context_compatible is inside
+            assert meta_utils._grad_context_compatible is original
     assert meta_utils._grad_context_compatible is original
-    assert (inside is not original) == needed
     with pytest.raises(RuntimeError, match="boom"), subclass_ca.enable():
         raise RuntimeError("boom")
     assert meta_utils._grad_context_compatible is original
+    assert workaround.patches.holders == 0
+    if workaround.needed:
+        with workaround.patches.applied():
+            assert meta_utils._grad_context_compatible is not original
+        assert meta_utils._grad_context_compatible is original

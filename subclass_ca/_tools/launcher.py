@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from .errors import SubclassCAError
+from ..errors import SubclassCAError
 
 __all__ = ["run_workers", "free_port", "WorkerError", "WorkerTimeoutError", "LaunchConfig"]
 

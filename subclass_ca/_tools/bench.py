@@ -38,9 +38,11 @@ from typing import Any
 
 import torch
 
-from . import _bench_memory, _bench_models, _capture, _compat
-from . import api as _api
-from ._capture import named_callables
+from .. import _compat, _runtime
+from . import bench_memory as _bench_memory
+from . import bench_models as _bench_models
+from .. import api as _api
+from ..diagnostics import named_callables
 
 __all__ = ["main", "BenchSettings", "MODES", "TARGETS"]
 
@@ -158,7 +160,7 @@ def _make_step(workload: _bench_models.Workload, mode: str, backend: str | None,
         compiler_fn = _compat.stock_ca_compiler(backend)
 
         def context() -> Any:
-            return _compat.stock_compiled_autograd(compiler_fn)
+            return _compat.enable_compiled_autograd(compiler_fn)
     elif mode in ("subclass_ca", "subclass_ca_strict"):
         ours = _api.enable(backend, strict=mode == "subclass_ca_strict")
 
@@ -353,7 +355,7 @@ def _entry_overhead(settings: BenchSettings, repeats: int = 2000) -> dict[str, f
     stock_fn = _compat.stock_ca_compiler(backend)
     ours, strict = _api.enable(backend), _api.enable(backend, strict=True)
     contexts = {
-        "stock_ca": lambda: _compat.stock_compiled_autograd(stock_fn),
+        "stock_ca": lambda: _compat.enable_compiled_autograd(stock_fn),
         "subclass_ca": lambda: ours,
         "subclass_ca_strict": lambda: strict,
     }
@@ -374,7 +376,7 @@ def _memory(settings: BenchSettings) -> list[dict[str, Any]]:
     size = settings.sizes[0]
     for model in settings.models:
         row: dict[str, Any] = {"model": model, "size": size}
-        for mode, enter in (("stock_ca", _compat.stock_compiled_autograd), ("subclass_ca", _capture.with_compiler)):
+        for mode, enter in (("stock_ca", _compat.enable_compiled_autograd), ("subclass_ca", _runtime.capture_with)):
             workload = _bench_models.build(model, size, settings.device, tag=f"{size}_memory_{mode}")
             forward = torch.compile(workload.forward, backend="aot_eager")
 
@@ -739,7 +741,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         results = run(settings)
     if args.fsdp2:  # subclass_ca/fsdp2.py: step time vs eager FSDP2, correctness checked
-        from . import fsdp2
+        from . import fsdp2_parity as fsdp2
 
         results["fsdp2"] = fsdp2.bench(world_size=args.nproc)
     if args.append:
@@ -754,7 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with open(os.path.join(settings.out_dir, "RESULTS.md"), "w") as f:
         f.write(render_markdown(results))
         if results.get("fsdp2"):
-            from . import fsdp2
+            from . import fsdp2_parity as fsdp2
 
             f.write(fsdp2.markdown_section(results["fsdp2"]))
     for key, text in TARGETS.items():

@@ -138,15 +138,15 @@ def build(model: str, size: str, device: str, *, tag: str, seed: int = 0) -> Wor
         params = [torch.nn.Parameter(t) for t in dense]
         return Workload(model=model, size=size, params=params, inputs=(x,), forward=_private_copy(_mlp_forward, tag))
     if model == "pair":
-        from ._compat import two_tensor_type
+        from .._compat import two_tensor_type
 
         two_tensor = two_tensor_type()
         if two_tensor is None:  # pragma: no cover - torch without its testing package
-            from .testing.subclasses import PairTensor as two_tensor
+            from ..testing.subclasses import PairTensor as two_tensor
         params = [torch.nn.Parameter(two_tensor(t.clone(), t * 0.5)) for t in dense]
         return Workload(model=model, size=size, params=params, inputs=(x,), forward=_private_copy(_mlp_forward, tag))
     if model == "int8_lora":
-        from .testing.subclasses import Int8RowwiseTensor
+        from ..testing.subclasses import Int8RowwiseTensor
 
         w1, _, w2, _ = dense
         batch, features, hidden = SIZES[size]

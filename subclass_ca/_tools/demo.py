@@ -5,7 +5,7 @@ Modes (each trains from the same initial weights on the same batches):
 * ``eager``        — plain PyTorch, the reference;
 * ``compile``      — ``torch.compile`` forward, eager backward (no compiled autograd);
 * ``stock_ca``     — compiled forward, backward through torch's own compiled autograd and
-  its stock epilogue (``_compat.stock_compiled_autograd``);
+  its stock epilogue (``_compat.enable_compiled_autograd``);
 * ``subclass_ca``  — compiled forward, backward under ``subclass_ca.enable()``.
 
 Models: ``int8_lora`` (a frozen :class:`Int8RowwiseTensor` base weight with trainable
@@ -24,6 +24,7 @@ final parameters against a single-process dense run (exit code 1 beyond toleranc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -40,8 +41,8 @@ import torch
 
 import subclass_ca
 
-from . import _compat, diagnostics
-from .testing.subclasses import Int8RowwiseTensor, PairTensor
+from .. import _compat, diagnostics
+from ..testing.subclasses import Int8RowwiseTensor, PairTensor
 
 __all__ = ["main", "DemoConfig", "run_demo", "run_dtensor_demo", "MODES", "MODELS"]
 
@@ -193,23 +194,20 @@ def _loss_value(loss: torch.Tensor) -> float:
     return float(loss.detach().cpu())
 
 
+def _stock_context(compiler_fn: Callable[..., Any]) -> Any:
+    """torch's own compiled autograd with its stock epilogue."""
+    return _compat.enable_compiled_autograd(compiler_fn)
+
+
 def _backward_context(mode: str, backend: str) -> Callable[[], Any]:
     """The backward context's factory for one run; the run enters it once around its loop."""
     if mode == "stock_ca":
         compiler_fn = _compat.stock_ca_compiler(backend)
-        return lambda: _compat.stock_compiled_autograd(compiler_fn)
+        return lambda: _stock_context(compiler_fn)
     if mode == "subclass_ca":
         block = subclass_ca.enable(backend=backend)  # reusable: one validated Config per run
         return lambda: block
-    return _nullcontext
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> bool:
-        return False
+    return contextlib.nullcontext
 
 
 @dataclass(kw_only=True)
@@ -563,7 +561,7 @@ def run_dtensor_demo(
     timeout_s: float = 120.0, tolerance: float = 1e-5,
 ) -> dict[str, Any]:
     """Train the DTensor model on ``nproc`` processes and compare it with the dense run."""
-    from .distributed import run_workers
+    from .launcher import run_workers
 
     settings = {"steps": steps, "backend": backend, "device": device, "seed": seed, "lr": lr}
     start = time.perf_counter()
@@ -617,7 +615,7 @@ def _split(text: str) -> tuple[str, ...]:
 
 
 def _main_dtensor(args: argparse.Namespace) -> int:
-    from .distributed import WorkerError
+    from .launcher import WorkerError
 
     steps = args.steps or (4 if args.quick else 10)
     backend = "nccl" if args.device.startswith("cuda") else "gloo"
@@ -651,7 +649,7 @@ def _main_dtensor(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.fsdp2:  # subclass_ca/fsdp2.py; docs/distributed.md
-        from . import fsdp2
+        from . import fsdp2_parity as fsdp2
 
         return fsdp2.demo_main(args)
     if args.dtensor:

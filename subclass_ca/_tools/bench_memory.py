@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from . import _compat
+from .. import _compat
 
 __all__ = ["Liveness", "graph_liveness", "recording_compiler", "ca_graph_liveness"]
 
@@ -157,8 +157,8 @@ def recording_compiler(backend: str, sink: list[Liveness]) -> Callable[[torch.fx
 def ca_graph_liveness(step: Callable[[], None], enter: Callable[[Callable[..., Any]], Any], backend: str = "aot_eager") -> Liveness:
     """Capture one fresh CA graph of ``step()`` under ``enter(compiler_fn)`` and measure it.
 
-    ``enter`` turns a compiler_fn into a context manager (stock: ``_compat.stock_compiled_autograd``;
-    ours: ``_compat.enable_compiled_autograd`` with the capture installed).
+    ``enter`` turns a compiler_fn into a context manager (stock: ``_compat.enable_compiled_autograd``;
+    ours: ``_runtime.capture_with``).
     """
     sink: list[Liveness] = []
     _compat.reset_compiled_autograd()

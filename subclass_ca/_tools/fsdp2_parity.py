@@ -122,11 +122,11 @@ def _shard(model: nn.Sequential, run: FSDP2Run) -> None:
 
 def _backward_context(mode: str, run: FSDP2Run) -> Any:
     if mode == "subclass_ca":
-        from .api import enable
+        from ..api import enable
 
         return enable(backend=run.backend)
     if mode == "stock_ca":
-        from . import _compat
+        from .. import _compat
 
         backend = run.backend
         return _compat.enable_compiled_autograd(lambda gm: torch.compile(gm, backend=backend), dynamic=True)
@@ -188,7 +188,7 @@ def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: F
         step_times.append(time.perf_counter() - start)
         losses.append(float(loss.detach()))
     params = _snapshot(dict(model.named_parameters()))
-    from .diagnostics import last_report
+    from ..diagnostics import last_report
 
     report = last_report() if mode == "subclass_ca" else None
     return {
@@ -276,7 +276,7 @@ def launch(fn: Callable[..., Any], world_size: int = 2, *, timeout_s: float = 12
     A thin front for :func:`subclass_ca.distributed.run_workers` (bounded, fail-fast, no orphans):
     a rank that raises, dies or outlives ``timeout_s`` raises ``WorkerError`` with its traceback.
     """
-    from .distributed import run_workers
+    from .launcher import run_workers
 
     return run_workers(fn, world_size, timeout_s=timeout_s, args=tuple(args))
 
@@ -291,7 +291,7 @@ def run_modes(
 
 
 def _train_modes(rank: int, world_size: int, modes: Sequence[str], run: FSDP2Run) -> dict[str, Any]:
-    from .api import reset
+    from ..api import reset
 
     out: dict[str, Any] = {}
     for mode in modes:
@@ -428,7 +428,7 @@ def demo_main(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from .distributed import WorkerError
+    from .launcher import WorkerError
 
     steps = getattr(args, "steps", None) or 3
     backend = getattr(args, "backend", None) or "aot_eager"

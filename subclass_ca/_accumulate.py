@@ -1,0 +1,80 @@
+"""AccumulateGrad for subclass gradients: keep the ``.grad`` type the way eager does.
+
+See Note [Subclass gradients and AccumulateGrad] below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from . import _compat
+from ._recipe import Recipe, rebuild
+
+__all__ = ["allocation_keeps_type", "accumulate_subclass_grad", "steal_subclass_accumulates"]
+
+# Note [Subclass gradients and AccumulateGrad]
+# --------------------------------------------
+# Eager AccumulateGrad *steals* a fresh gradient (``param.grad = grad``) when nothing else
+# holds it and its strides match the parameter's, so a subclass-typed gradient stays
+# subclass-typed.  Under compiled autograd the gradient is a graph value that is always
+# referenced, so torch's AccumulateGrad (``call_accumulate_grad``) never steals: it
+# allocates with ``grad.new_empty_strided(param.size(), param.stride())`` and ``copy_``s
+# into it.  A subclass whose ``__torch_dispatch__`` answers ``new_empty_strided`` with a
+# plain tensor (it implements compute ops only) therefore ends up with a dense ``.grad``.
+# At capture we probe ``new_empty_strided`` on the rebuilt fake gradient; where it loses
+# the type, :func:`steal_subclass_accumulates` retargets that parameter's first
+# accumulation (``.grad`` was None at capture) to :func:`accumulate_subclass_grad`, which
+# steals exactly when eager does (matching strides) and defers to torch otherwise.
+# Accumulating into an existing ``.grad`` is left to torch (``grad + new``), as in eager.
+
+_stock_accumulate: Any = None
+
+
+def allocation_keeps_type(recipe: Recipe, examples: list[Any] | None) -> bool | None:
+    """Whether ``new_empty_strided`` on the rebuilt gradient returns the subclass (None: unknown)."""
+    if examples is None or recipe.handler.mode == "opaque":
+        return None
+    try:
+        with _compat.outside_tracing():
+            fake_mode = _compat.fake_mode_of([e for e in examples if isinstance(e, torch.Tensor)])
+            with fake_mode if fake_mode is not None else contextlib.nullcontext():
+                example = rebuild(recipe, examples)
+                fresh = example.new_empty_strided(example.size(), example.stride())
+    except Exception:  # noqa: BLE001 - the subclass cannot allocate at all: torch's path decides
+        return None
+    return isinstance(fresh, recipe.subclass_type)
+
+
+def accumulate_subclass_grad(
+    variable: torch.Tensor, variable_grad: torch.Tensor | None, grad: torch.Tensor, has_post_hooks: bool | None = None
+) -> torch.Tensor | None:
+    """AccumulateGrad for a subclass gradient, stealing it the way eager does.
+
+    See Note [Subclass gradients and AccumulateGrad]; Dynamo inlines this function.
+    """
+    if variable_grad is None and grad.stride() == variable.stride():
+        variable.grad = grad
+        return grad
+    return _stock_accumulate(variable, variable_grad, grad, has_post_hooks)
+
+
+def steal_subclass_accumulates(graph_module: torch.fx.GraphModule) -> list[str]:
+    """Retarget first accumulations of type-losing subclass grads; returns the subclass names."""
+    global _stock_accumulate
+    stock = _compat.call_accumulate_grad()
+    _stock_accumulate = stock
+    retargeted = []
+    for node in list(graph_module.graph.nodes):
+        if node.op != "call_function" or node.target is not stock or len(node.args) < 3:
+            continue
+        grad = node.args[2]
+        meta = grad.meta.get("subclass_ca") if isinstance(grad, torch.fx.Node) else None
+        if node.args[1] is None and meta is not None and meta.get("alloc_keeps_type") is False:
+            node.target = accumulate_subclass_grad
+            retargeted.append(grad.target._subclass_ca_type.__name__)
+    if retargeted:
+        graph_module.recompile()
+    return retargeted

@@ -1,0 +1,162 @@
+"""Every touch of torch private API lives in this package, feature-detected.
+
+``FEATURES`` is the complete table of torch internals the runtime uses (``OPTIONAL_FEATURES``
+those it can do without, with what degrades).  ``require_support()`` checks the table once
+and turns a missing piece into one :class:`UnsupportedTorchError` naming it, raised by
+``enable()`` before any backward runs.  One module per torch area holds the code that uses
+those internals; a torch upgrade that moves one breaks there and in the table only.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from typing import Any
+
+import torch
+
+from ..errors import UnsupportedTorchError
+from . import aot_autograd, compiled_autograd, dynamo, engine, fsdp, workarounds
+from ._lookup import lookup
+from ._patch import AttributeSwap, CallSwap, PatchSet, Swap
+from .aot_autograd import *  # noqa: F403
+from .compiled_autograd import *  # noqa: F403
+from .dynamo import *  # noqa: F403
+from .engine import *  # noqa: F403
+from .fsdp import *  # noqa: F403
+from .workarounds import WORKAROUNDS, Workaround, ca_graph_run_patches, needed_workarounds
+
+TORCH_VERSION: str = torch.__version__
+#: The torch releases the suite runs against (one CI lane each).
+TESTED_TORCH: tuple[str, ...] = ("2.13", "2.14", "2.15")
+#: What pyproject.toml admits.
+SUPPORTED_TORCH: str = ">=2.13,<2.16"
+
+FEATURES: dict[str, str] = {
+    "compiled autograd entry point": compiled_autograd.CA_MODULE + ":_enable",
+    "compiled autograd compiler instance": compiled_autograd.COMPILER_INSTANCE,
+    "AOT backward proxy": compiled_autograd.COMPILER_INSTANCE + ".proxy_call_aot_backward",
+    "compiled autograd cache reset": compiled_autograd.CA_MODULE + ":reset",
+    "autograd compiler setter": "torch._C:_dynamo.compiled_autograd.set_autograd_compiler",
+    "compiled autograd counters": "torch._dynamo.utils:counters",
+    "autograd function CA cache key": compiled_autograd.AUTOGRAD_FUNCTION_CTX + "._compiled_autograd_key",
+    "AccumulateGrad call": "torch._dynamo.external_utils:call_accumulate_grad",
+    "AOT backward module extraction": aot_autograd.BW_MODULE_EXTRACTION,
+    "AOT subclass creation metadata": aot_autograd.SCHEMAS + ":SubclassCreationMeta",
+    "AOT epilogue wrapper": aot_autograd.EPILOGUE_WRAPPER,
+    "proxy-mode suspension": "torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing",
+    "fake-mode suspension": "torch._subclasses.fake_tensor:unset_fake_temporarily",
+    "fake-mode detection": "torch._guards:detect_fake_mode",
+    "fake tensor metadata (meta_utils)": "torch._subclasses:meta_utils",
+    "allow_in_graph": "torch._dynamo:allow_in_graph",
+    "dynamo disable": "torch._dynamo:disable",
+    "dynamo exceptions": "torch._dynamo.exc:TorchDynamoException",
+    "dynamo config": "torch._dynamo:config",
+    "functorch config": "torch._functorch:config",
+    "deferred tensor hooks (trace_wrapped)": dynamo.TRACE_WRAPPED,
+    "deferred tensor hooks caller": dynamo.TRACE_WRAPPED_USERS[0] + ":trace_wrapped",
+    "traceable wrapper subclass protocol": "torch.utils._python_dispatch:is_traceable_wrapper_subclass",
+    "autograd engine final callbacks": "torch.autograd:Variable._execution_engine.queue_callback",
+    **{f"FSDP2 {name}": dotted for name, dotted in fsdp.FSDP2_TYPES.items()},
+}
+"""Name -> ``"module:attr.path"`` of every torch internal the runtime needs."""
+
+OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
+    "compiled autograd verbose logger": (
+        "torch._C:_dynamo.compiled_autograd.set_verbose_logger",
+        "capture reports cannot say why a backward missed compiled autograd's cache",
+    ),
+    "Dynamo allowed-callable ids": (
+        "torch._dynamo.trace_rules:_allowed_callable_ids",
+        "benchmarks cannot count allow_in_graph growth",
+    ),
+    "reference TwoTensor": ("torch.testing._internal.two_tensor:TwoTensor", "no built-in TwoTensor handler"),
+}
+"""Name -> (dotted path, what degrades without it)."""
+
+
+def _signature_problems() -> list[str]:
+    problems = []
+    params = tuple(inspect.signature(lookup(FEATURES["AOT backward proxy"])).parameters)
+    if not all(p in params for p in compiled_autograd.AOT_BACKWARD_PARAMS):
+        problems.append(f"AOT backward proxy signature (got {params})")
+    if "make_subclass_override" not in inspect.signature(lookup(FEATURES["AOT epilogue wrapper"])).parameters:
+        problems.append("make_subclass_override parameter of wrap_tensor_subclasses")
+    init_params = inspect.signature(lookup(FEATURES["compiled autograd compiler instance"]).__init__).parameters
+    if "compiler_fn" not in init_params:
+        problems.append("compiler_fn parameter of AutogradCompilerInstance")
+    fields = getattr(lookup(FEATURES["AOT subclass creation metadata"]), "__dataclass_fields__", {})
+    problems += [f"SubclassCreationMeta.{f}" for f in aot_autograd.CREATION_META_FIELDS if f not in fields]
+    return problems
+
+
+@functools.cache
+def missing_features() -> tuple[str, ...]:
+    """The torch internals subclass_ca needs that this torch lacks (``name (module:attr)``)."""
+    missing = []
+    for name, dotted in FEATURES.items():
+        try:
+            lookup(dotted)
+        except (ImportError, AttributeError):
+            missing.append(f"{name} ({dotted})")
+    if not missing:
+        missing += _signature_problems()
+    return tuple(missing)
+
+
+def missing_optional_features() -> dict[str, str]:
+    """Optional internals this torch lacks -> what degrades."""
+    missing = {}
+    for name, (dotted, degrades) in OPTIONAL_FEATURES.items():
+        try:
+            lookup(dotted)
+        except (ImportError, AttributeError):
+            missing[f"{name} ({dotted})"] = degrades
+    return missing
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+_warned_untested: set[str] = set()
+
+
+def require_support() -> None:
+    """Raise :class:`UnsupportedTorchError` unless every needed internal exists; warn once on an untested torch."""
+    missing = missing_features()
+    if missing:
+        raise UnsupportedTorchError(
+            f"subclass_ca supports torch {SUPPORTED_TORCH}; torch {TORCH_VERSION} lacks: "
+            + "; ".join(missing)
+            + ". Install a supported torch (e.g. pip install torch==2.15.0) or file an issue naming this torch version."
+        )
+    version = TORCH_VERSION
+    if _minor(version) not in TESTED_TORCH and version not in _warned_untested:
+        _warned_untested.add(version)
+        warnings.warn(
+            f"subclass_ca: torch {version} is untested (tested: {', '.join(TESTED_TORCH)}); every torch internal "
+            "subclass_ca needs is present, so it runs. Compare a few steps against eager before trusting it.",
+            stacklevel=3,
+        )
+
+
+def torch_state_snapshot() -> dict[str, Any]:
+    """Everything ``enable()`` may touch, for exact before/after comparisons in tests."""
+    compiler_cls = lookup(FEATURES["compiled autograd compiler instance"])
+    return {
+        "dynamo_config": dynamo.dynamo_config_snapshot(),
+        "functorch_config": dynamo.functorch_config_snapshot(),
+        "compiled_autograd": compiled_autograd.compiled_autograd_state(),
+        "autograd_compiler": compiled_autograd.autograd_compiler(),
+        "multithreading": torch._C._is_multithreading_enabled(),
+        "proxy_call_aot_backward": compiler_cls.__dict__["proxy_call_aot_backward"],
+        "allow_in_graph": lookup("torch._dynamo:allow_in_graph"),
+        "autograd_function_ca_key": lookup(compiled_autograd.AUTOGRAD_FUNCTION_CTX).__dict__["_compiled_autograd_key"],
+        "trace_wrapped": {m: lookup(m + ":trace_wrapped") for m in dynamo.TRACE_WRAPPED_USERS},
+        "grad_context_compatible": lookup("torch._subclasses.meta_utils:_grad_context_compatible"),
+        "execution_engine": engine.execution_engine(),
+        "verbose_logger": compiled_autograd.ca_verbose_log(),
+        "grad_enabled": torch.is_grad_enabled(),
+    }

@@ -1,0 +1,130 @@
+"""Dynamo, FX tracing and fake-tensor internals used while building and compiling CA graphs."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ._lookup import lookup
+
+__all__ = [
+    "allow_in_graph",
+    "dynamo_disable",
+    "is_traceable_wrapper_subclass",
+    "is_traceable_wrapper_subclass_type",
+    "is_compile_failure",
+    "dynamo_config_snapshot",
+    "functorch_config_snapshot",
+    "two_tensor_type",
+    "allowed_callable_count",
+    "to_proxy",
+    "create_call_node",
+    "bind_dummy",
+    "outside_tracing",
+    "without_proxy_tracing",
+    "fake_mode_of",
+    "size_hint",
+    "TRACE_WRAPPED",
+    "TRACE_WRAPPED_USERS",
+]
+
+TRACE_WRAPPED = "torch._dynamo._trace_wrapped_higher_order_op:trace_wrapped"
+#: Modules that call ``trace_wrapped`` by name when Dynamo defers a tensor hook to the backward.
+TRACE_WRAPPED_USERS = ("torch._dynamo.variables.tensor", "torch._dynamo._trace_wrapped_higher_order_op")
+
+
+def allow_in_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return lookup("torch._dynamo:allow_in_graph")(fn)
+
+
+def dynamo_disable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return lookup("torch._dynamo:disable")(fn)
+
+
+def is_traceable_wrapper_subclass(value: Any) -> bool:
+    return bool(lookup("torch.utils._python_dispatch:is_traceable_wrapper_subclass")(value))
+
+
+def is_traceable_wrapper_subclass_type(cls: type) -> bool:
+    checker = getattr(importlib.import_module("torch.utils._python_dispatch"), "is_traceable_wrapper_subclass_type", None)
+    if checker is not None:
+        return bool(checker(cls))
+    return hasattr(cls, "__tensor_flatten__") and hasattr(cls, "__tensor_unflatten__")
+
+
+def is_compile_failure(error: BaseException) -> bool:
+    """True for errors Dynamo or a backend raise while *compiling* (nothing has run yet)."""
+    return isinstance(error, lookup("torch._dynamo.exc:TorchDynamoException"))
+
+
+def dynamo_config_snapshot() -> dict[str, Any]:
+    return dict(lookup("torch._dynamo:config").get_config_copy())
+
+
+def functorch_config_snapshot() -> dict[str, Any]:
+    return dict(lookup("torch._functorch:config").get_config_copy())
+
+
+def two_tensor_type() -> type | None:
+    """torch's reference TwoTensor (lives in torch.testing._internal), or None."""
+    try:
+        return lookup("torch.testing._internal.two_tensor:TwoTensor")
+    except (ImportError, AttributeError):
+        return None
+
+
+def allowed_callable_count() -> int | None:
+    """Size of Dynamo's allow_in_graph id set (None where torch hides it)."""
+    try:
+        ids = lookup("torch._dynamo.trace_rules:_allowed_callable_ids")
+    except (ImportError, AttributeError):
+        return None
+    try:
+        return len(ids())
+    except TypeError:
+        return len(ids)
+
+
+# --- building CA graph nodes -------------------------------------------------
+
+
+def to_proxy(compiler: Any, value: Any) -> Any:
+    return compiler.to_proxy(value)
+
+
+def create_call_node(compiler: Any, target: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    return compiler.fx_tracer.create_proxy(kind="call_function", target=target, args=tuple(args), kwargs=kwargs)
+
+
+def bind_dummy(compiler: Any, dummy: torch.Tensor, proxy: Any) -> None:
+    compiler.bind_objects_to_proxies([dummy], [proxy])
+
+
+@contextlib.contextmanager
+def outside_tracing() -> Iterator[None]:
+    """Suspend compiled autograd's proxy and fake modes (to run real/foreign-fake code)."""
+    disable_proxy = lookup("torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing")
+    unset_fake = lookup("torch._subclasses.fake_tensor:unset_fake_temporarily")
+    with disable_proxy(), unset_fake():
+        yield
+
+
+@contextlib.contextmanager
+def without_proxy_tracing() -> Iterator[None]:
+    with lookup("torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing")():
+        yield
+
+
+def fake_mode_of(values: Sequence[Any]) -> Any:
+    return lookup("torch._guards:detect_fake_mode")(list(values))
+
+
+def size_hint(value: Any) -> Any:
+    """A concrete int for a SymInt (its hint); ints and None pass through."""
+    if isinstance(value, torch.SymInt):
+        return value.node.hint if value.node.has_hint() else value.node.require_hint()
+    return value

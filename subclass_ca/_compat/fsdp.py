@@ -1,0 +1,85 @@
+"""FSDP2 (``fully_shard``) internals: its state and hook types, and whether it finished a backward."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from ._lookup import lookup
+
+__all__ = ["FSDP2_TYPES", "fsdp2_types", "fsdp2_state_of_hook", "fsdp2_states", "fsdp2_unfinished"]
+
+FSDP2_TYPES = {
+    "FSDPModule": "torch.distributed.fsdp:FSDPModule",
+    "FSDPState": "torch.distributed.fsdp._fully_shard._fsdp_state:FSDPState",
+    "RegisterPreBackwardFunction": "torch.distributed.fsdp._fully_shard._fsdp_state:RegisterPreBackwardFunction",
+    "RegisterPostBackwardFunction": "torch.distributed.fsdp._fully_shard._fsdp_param_group:RegisterPostBackwardFunction",
+}
+
+
+@functools.cache
+def fsdp2_types() -> dict[str, type]:
+    """FSDP2's state and backward-hook Function classes on this torch ({} when absent)."""
+    found: dict[str, type] = {}
+    for name, dotted in FSDP2_TYPES.items():
+        try:
+            found[name] = lookup(dotted)
+        except (ImportError, AttributeError):
+            continue
+    return found
+
+
+def fsdp2_state_of_hook(hook: Any) -> Any:
+    """The FSDP2 state or param group behind a compiled-autograd hook object, else None.
+
+    FSDP2 registers its pre-backward as a bound ``FSDPState._pre_backward`` tensor hook and
+    its post-backward as ``RegisterPostBackwardFunction`` (whose ctx carries ``param_group``).
+    """
+    types = fsdp2_types()
+    state_cls = types.get("FSDPState")
+    owner = getattr(hook, "__self__", None)
+    if state_cls is not None and isinstance(owner, state_cls):
+        return owner
+    forward_cls = getattr(type(hook), "_forward_cls", None) or getattr(hook, "_forward_cls", None)
+    for name in ("RegisterPostBackwardFunction", "RegisterPreBackwardFunction"):
+        cls = types.get(name)
+        if cls is not None and isinstance(forward_cls, type) and issubclass(forward_cls, cls):
+            return getattr(hook, "param_group", None) or getattr(hook, "state", None) or forward_cls
+    module = getattr(getattr(hook, "__func__", hook), "__module__", "") or ""
+    if module.startswith("torch.distributed.fsdp._fully_shard"):
+        return hook
+    return None
+
+
+def fsdp2_states(owners: Sequence[Any]) -> list[Any]:
+    """Every FSDPState reachable from hook owners (states, or param groups via their modules), root's included."""
+    state_cls = fsdp2_types().get("FSDPState")
+    if state_cls is None:
+        return []
+    found: dict[int, Any] = {}
+    for owner in owners:
+        if not isinstance(owner, state_cls):
+            continue
+        found.setdefault(id(owner), owner)
+        for state in getattr(getattr(owner, "_state_ctx", None), "all_states", ()) or ():
+            found.setdefault(id(state), state)
+    return list(found.values())
+
+
+def fsdp2_unfinished(states: Sequence[Any]) -> list[str]:
+    """FSDP2 states that did not finish their backward (not IDLE, or the root callback still queued)."""
+    problems = []
+    for state in states:
+        training = getattr(state, "_training_state", None)
+        name = getattr(training, "name", str(training))
+        if name != "IDLE":
+            modules = ", ".join(type(m).__name__ for m in getattr(state, "_modules", ())) or "?"
+            problems.append(f"FSDP state of ({modules}) is {name}")
+        for group in getattr(state, "_fsdp_param_groups", ()) or ():
+            group_state = getattr(getattr(group, "_training_state", None), "name", "IDLE")
+            if group_state != "IDLE":
+                problems.append(f"param group {getattr(group, '_module_fqn', '?')!s} is {group_state}")
+        if getattr(getattr(state, "_state_ctx", None), "post_backward_final_callback_queued", False):
+            problems.append("the root post-backward final callback is still queued")
+    return sorted(set(problems))

@@ -1,0 +1,105 @@
+"""The named graph callables our make_subclass nodes target: one per (subclass type, mode).
+
+They are created once per process and reused by every capture (nothing grows per
+recapture); a node carries ``recipe=<id>`` and its own inner tensors/symints only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+from typing import Any
+
+import torch
+
+from . import _compat
+from ._recipe import check_against, rebuild, recipe_by_id
+
+__all__ = ["graph_callable", "named_callables", "subclass_nodes", "retarget_to_opaque", "raised_in_rebuild", "MODE_PREFIX"]
+
+_callables: dict[tuple[type, str], Any] = {}
+_callable_names: set[str] = set()
+_callables_lock = threading.Lock()
+MODE_PREFIX = {"proxy": "make", "inline": "inline", "opaque": "opaque"}
+
+
+def _safe_name(cls: type) -> str:
+    return re.sub(r"\W", "_", cls.__name__)
+
+
+def graph_callable(cls: type, mode: str) -> Any:
+    """The one callable per (subclass type, mode) that graph nodes target."""
+    with _callables_lock:
+        found = _callables.get((cls, mode))
+        if found is not None:
+            return found
+        base = f"{MODE_PREFIX[mode]}_{_safe_name(cls)}"
+        name = base
+        for suffix in itertools.count(2):
+            if name not in _callable_names:
+                break
+            name = f"{base}_{suffix}"
+
+        def rebuild_subclass(*args: Any, recipe: int) -> torch.Tensor:
+            entry = recipe_by_id(recipe)
+            result = rebuild(entry, args)
+            if entry.expected is not None:
+                check_against(entry, result, entry.expected)
+            return result
+
+        rebuild_subclass.__name__ = rebuild_subclass.__qualname__ = name
+        rebuild_subclass.__module__ = "subclass_ca"
+        rebuild_subclass.__doc__ = f"Rebuild a {cls.__qualname__} gradient from its inner tensors ({mode} mode)."
+        if mode == "proxy":
+            target = _compat.allow_in_graph(rebuild_subclass)
+        elif mode == "opaque":
+            target = _compat.dynamo_disable(rebuild_subclass)
+            target.__name__ = target.__qualname__ = name
+            target.__module__ = "subclass_ca"
+        else:
+            target = rebuild_subclass
+        target._subclass_ca_type = cls  # type: ignore[attr-defined]
+        target._subclass_ca_mode = mode  # type: ignore[attr-defined]
+        _callables[(cls, mode)] = target
+        _callable_names.add(name)
+        return target
+
+
+def named_callables() -> dict[str, Any]:
+    """Every graph callable created so far, by its graph name (it must not grow per capture)."""
+    with _callables_lock:
+        return {f"subclass_ca_{fn.__name__}": fn for fn in _callables.values()}
+
+
+def subclass_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The make_subclass nodes of ours in a captured CA graph."""
+    return [n for n in graph.nodes if n.op == "call_function" and hasattr(n.target, "_subclass_ca_mode")]
+
+
+def retarget_to_opaque(graph_module: torch.fx.GraphModule) -> list[type]:
+    """Switch every make_subclass node of ours to its opaque callable; returns the subclass types."""
+    switched = []
+    for node in subclass_nodes(graph_module.graph):
+        cls = node.target._subclass_ca_type
+        if node.target._subclass_ca_mode != "opaque":
+            node.target = graph_callable(cls, "opaque")
+            switched.append(cls)
+    graph_module.recompile()
+    return switched
+
+
+def raised_in_rebuild(error: BaseException) -> bool:
+    """True when ``error`` (or what caused it) was raised inside one of our rebuild calls."""
+    codes = {rebuild.__code__, *(getattr(fn, "__wrapped__", fn).__code__ for fn in _callables.values())}
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code in codes:
+                return True
+            tb = tb.tb_next
+        current = current.__cause__ or current.__context__
+    return False

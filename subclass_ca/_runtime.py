@@ -1,0 +1,308 @@
+"""The runtime: the compiler compiled autograd calls, the compiled CA graph, and enable() blocks.
+
+Note [enable() blocks and threads]
+----------------------------------
+Compiled autograd is process-wide in torch: one compiler is installed for the whole
+process, and torch asserts when two threads each enter its context.  So an ``enable()``
+block is owned by the thread that entered it; blocks nest freely in that thread, and a
+second thread entering while the first is inside gets a clear :class:`SubclassCAError`
+at enter (never torch's internal assertion, never the other thread's settings).
+
+Each entry records what it acquired; an exit releases exactly that.  Blocks exited out of
+order (an outer block while an inner one is still open) first close the inner ones, so
+every torch attribute is back to torch's own object once the last block is gone, and then
+raise :class:`SubclassCAError` naming the misuse; the inner block's own exit is then a no-op.
+Settings never live in this module's state: they travel with the capture (Note [Settings
+travel with the capture] in ``_epilogue.py``); the per-thread stack only supplies the
+cache-key token of the innermost block (Note [Keeping CA caches apart]).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import _compat, _fsdp2, diagnostics
+from ._accumulate import steal_subclass_accumulates
+from ._epilogue import proxy_call_aot_backward, warn_fallback_once
+from ._hooks import trace_wrapped_swaps
+from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes
+from .config import Config
+from .errors import SubclassCAError, UnsupportedSubclassError
+
+__all__ = ["RUNTIME_PATCHES", "CACompiler", "cache_token", "enter_block", "exit_block", "current_token", "capture_with"]
+
+
+class CompiledCAGraph:
+    """The compiled CA graph, with one recovery path when compiling our rebuild nodes fails.
+
+    If the first call fails *while compiling* (fullgraph: nothing has run yet) and the error
+    was raised inside one of our rebuilds, ``on_unsupported="error"`` raises
+    UnsupportedSubclassError naming the subclass types (no gradient produced), and
+    ``"eager"`` recompiles the graph with those nodes opaque (one warning per subclass).
+    Workarounds scoped to a CA graph run (Note [Workaround scopes]) apply around each call.
+    """
+
+    def __init__(
+        self, graph_module: torch.fx.GraphModule, config: Config, fullgraph: bool, report: diagnostics.CaptureReport
+    ) -> None:
+        self._graph_module = graph_module
+        self._config = config
+        self._report = report
+        self._compiled = self._compile(fullgraph)
+        self._checked = not fullgraph or not subclass_nodes(graph_module.graph)
+        self._graph_breaks_allowed = not fullgraph
+        self._workarounds = _compat.ca_graph_run_patches()
+
+    def _compile(self, fullgraph: bool) -> Any:
+        config = self._config
+        return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._workarounds:
+            return self._call(*args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            for patches in self._workarounds:
+                stack.enter_context(patches.applied())
+            return self._call(*args, **kwargs)
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        # Note [FSDP2 under compiled autograd] in _fsdp2.py: detect FSDP2 hooks before the graph
+        # runs, run the engine final callbacks eager hooks queue, check FSDP2 finished its backward.
+        fsdp2_states = _fsdp2.prepare(self, args)
+        if not self._graph_breaks_allowed:  # fullgraph: no eager code in the graph can queue a callback
+            return self._run(*args, **kwargs)
+        with _fsdp2.final_callbacks():
+            result = self._run(*args, **kwargs)
+        _fsdp2.check_finished(fsdp2_states)
+        return result
+
+    def allow_graph_breaks(self, reason: str) -> None:
+        """Compile with graph breaks (fullgraph=False) from now on; the capture report records why."""
+        if self._graph_breaks_allowed:
+            return
+        self._graph_breaks_allowed = True
+        self._compiled = self._compile(False)
+        self._checked = True
+        self._report.fullgraph = False
+        self._report.fallbacks.append(reason)
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        diagnostics.record_run(self._report)
+        if self._checked:
+            return self._compiled(*args, **kwargs)
+        try:
+            result = self._compiled(*args, **kwargs)
+        except Exception as error:
+            if not _compat.is_compile_failure(error):
+                raise
+            return self._recover(error, args, kwargs)
+        self._checked = True
+        return result
+
+    def _recover(self, error: Exception, args: Any, kwargs: Any) -> Any:
+        if not raised_in_rebuild(error):
+            raise error
+        names = sorted({node.target._subclass_ca_type.__qualname__ for node in subclass_nodes(self._graph_module.graph)})
+        if self._config.on_unsupported != "eager":
+            last_line = str(error).strip().splitlines()[-1] if str(error).strip() else ""
+            raise UnsupportedSubclassError(
+                f"compiling the compiled-autograd graph failed inside the rebuild of {names} "
+                f"({type(error).__name__}: {last_line}). "
+                "No gradient was produced. Register a handler with a trace-safe rebuild, register it with "
+                "mode='opaque', or pass enable(on_unsupported='eager') to rebuild eagerly."
+            ) from error
+        retarget_to_opaque(self._graph_module)
+        self._compiled = self._compile(False)
+        self._checked = True
+        self._report.fullgraph = False
+        for name in names:
+            reason = f"{name}: rebuild could not be compiled ({type(error).__name__}); rebuilt eagerly (opaque)"
+            self._report.fallbacks.append(reason)
+            warn_fallback_once(name, reason)
+        return self._compiled(*args, **kwargs)
+
+
+class CACompiler:
+    """The ``compiler_fn`` compiled autograd calls with each captured graph; it carries the settings.
+
+    ``compile_graph`` replaces the compiled-graph wrapper (tests and benchmarks that must see
+    the raw CA graph); by default the graph is compiled with ``config.backend``.
+    """
+
+    def __init__(self, config: Config, compile_graph: Callable[[torch.fx.GraphModule], Any] | None = None) -> None:
+        self.subclass_ca_config = config
+        self._compile_graph = compile_graph
+
+    def __call__(self, graph_module: torch.fx.GraphModule) -> Any:
+        steal_subclass_accumulates(graph_module)  # Note [Subclass gradients and AccumulateGrad]
+        nodes = subclass_nodes(graph_module.graph)
+        fullgraph = not any(node.target._subclass_ca_mode == "opaque" for node in nodes)
+        report = diagnostics.finish_capture(
+            graph_nodes=len(graph_module.graph.nodes),
+            fullgraph=fullgraph,
+            ca_counters=_compat.ca_counters(),
+            graph_code=graph_module.code,
+        )
+        config = self.subclass_ca_config
+        if config.report:
+            diagnostics.logger.warning("%s", report.summary())
+        if self._compile_graph is not None:
+            return self._compile_graph(graph_module)
+        return CompiledCAGraph(graph_module, config, fullgraph, report)
+
+
+# --- cache tokens (Note [Keeping CA caches apart] in _compat/compiled_autograd.py) -----
+
+_cache_tokens: dict[tuple[Any, ...], int] = {}
+_cache_tokens_lock = threading.Lock()
+
+
+def _cache_key(config: Config) -> tuple[Any, ...]:
+    return (
+        config.backend,
+        repr(sorted(config.compile_kwargs.items())),
+        config.dynamic,
+        config.strict,
+        config.on_unsupported,
+    )
+
+
+def cache_token(config: Config, *, raw: bool = False) -> int:
+    """A small int per distinct configuration: CA graphs are cached separately per token.
+
+    ``raw``: for :func:`capture_with`, whose graphs go to a caller's compiler instead of ours.
+    """
+    key = (*_cache_key(config), raw)
+    with _cache_tokens_lock:
+        token = _cache_tokens.get(key)
+        if token is None:
+            token = _cache_tokens[key] = len(_cache_tokens)
+        return token
+
+
+# --- blocks (Note [enable() blocks and threads]) ----------------------------------
+
+
+@dataclass(eq=False)
+class _Entry:
+    owner: object
+    token: int
+    exits: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+
+_local = threading.local()
+_owner_lock = threading.Lock()
+_owner_thread: int | None = None
+_owner_entries = 0
+
+
+def _entries() -> list[_Entry]:
+    entries = getattr(_local, "entries", None)
+    if entries is None:
+        entries = _local.entries = []
+    return entries
+
+
+def current_token() -> int | None:
+    """The cache-key token of this thread's innermost block (None outside enable(): torch's own keys)."""
+    entries = getattr(_local, "entries", None)
+    return entries[-1].token if entries else None
+
+
+RUNTIME_PATCHES = _compat.PatchSet(
+    "subclass_ca runtime",
+    lambda: [
+        _compat.aot_backward_swap(proxy_call_aot_backward),
+        _compat.cache_key_swap(current_token),
+        *trace_wrapped_swaps(),
+    ],
+)
+"""What the runtime changes in torch while any block is active (Note [One patcher] in ``_compat/_patch.py``)."""
+
+
+def _claim_process(owner: object) -> None:
+    global _owner_thread, _owner_entries
+    me = threading.get_ident()
+    with _owner_lock:
+        if _owner_thread is not None and _owner_thread != me:
+            holder = next((t.name for t in threading.enumerate() if t.ident == _owner_thread), str(_owner_thread))
+            raise SubclassCAError(
+                f"subclass_ca.enable() is already active in thread {holder!r}; compiled autograd is process-wide "
+                "in torch (one compiler for the whole process), so a second thread cannot run its own block at the "
+                f"same time (this is thread {threading.current_thread().name!r}). Run backward() of all threads "
+                "inside one block in one thread, or serialize the blocks (e.g. with a lock around them)."
+            )
+        _owner_thread = me
+        _owner_entries += 1
+
+
+def _release_process() -> None:
+    global _owner_thread, _owner_entries
+    with _owner_lock:
+        _owner_entries -= 1
+        if _owner_entries == 0:
+            _owner_thread = None
+
+
+def enter_block(owner: object, config: Config, compiler: Callable[..., Any], token: int, *, miss_log: bool) -> None:
+    """Open one block for ``owner`` in this thread (see Note [enable() blocks and threads])."""
+    _compat.require_support()
+    _claim_process(owner)
+    entry = _Entry(owner=owner, token=token)
+    exits = entry.exits
+    try:
+        exits.callback(_release_process)
+        RUNTIME_PATCHES.acquire()
+        exits.callback(RUNTIME_PATCHES.release)
+        if miss_log:
+            exits.enter_context(diagnostics.cache_miss_logging())
+        exits.enter_context(_compat.enable_compiled_autograd(compiler, dynamic=config.dynamic))
+    except BaseException:
+        exits.close()
+        raise
+    _entries().append(entry)
+
+
+def exit_block(owner: object, exc_info: tuple[Any, Any, Any]) -> bool:
+    """Close ``owner``'s innermost block in this thread; inner blocks left open are closed first."""
+    entries = _entries()
+    position = next((i for i in range(len(entries) - 1, -1, -1) if entries[i].owner is owner), None)
+    if position is None:
+        return False  # already closed by an out-of-order exit of an outer block
+    out_of_order = len(entries) - 1 - position
+    suppressed = False
+    while len(entries) > position:
+        entry = entries.pop()
+        if entry.owner is owner and len(entries) == position:
+            suppressed = bool(entry.exits.__exit__(*exc_info))
+        else:
+            entry.exits.__exit__(None, None, None)
+    if out_of_order:
+        raise SubclassCAError(
+            f"subclass_ca.enable() blocks exited out of order: an outer block exited while {out_of_order} inner "
+            "block(s) were still open. subclass_ca closed them first and restored torch's state; their own exits "
+            "do nothing now. Exit blocks in the reverse order of entering (use `with` statements)."
+        )
+    return suppressed
+
+
+@contextlib.contextmanager
+def capture_with(compile_graph: Callable[[torch.fx.GraphModule], Any], *, config: Config | None = None) -> Iterator[None]:
+    """Our epilogue proxy under compiled autograd with a caller's graph compiler.
+
+    For measurements and tests that must see the raw CA graph: the graph goes to
+    ``compile_graph`` as it is captured (no compiled-graph wrapper, no scoped workarounds).
+    """
+    config = config or Config()
+    owner = object()
+    enter_block(owner, config, CACompiler(config, compile_graph), cache_token(config, raw=True), miss_log=False)
+    try:
+        yield
+    finally:
+        exit_block(owner, (None, None, None))
