@@ -99,10 +99,10 @@ def test_repeated_backward_is_a_cache_hit_counted_on_its_capture():
     assert "runs=4 (cache hits=3)" in last.summary()
 
 
-def test_every_capture_carries_torchs_cache_miss_reason():
+def test_with_report_every_capture_carries_torchs_cache_miss_reason():
     (w1, w2), step = _two_pair_params_step()
     before = diagnostics.capture_count()
-    with subclass_ca.enable():
+    with subclass_ca.enable(report=True):
         for _ in range(3):
             step(make_pair(torch.randn(4, 5))).backward()
     new = [r for r in subclass_ca.reports() if r.capture_index >= before]
@@ -118,7 +118,7 @@ def test_every_capture_carries_torchs_cache_miss_reason():
 def test_metadata_change_capture_reports_a_miss_reason():
     torch.manual_seed(0)
     step = torch.compile(lambda x, w: (x @ w).sum(), backend="aot_eager")
-    with subclass_ca.enable():
+    with subclass_ca.enable(report=True):
         for tag in ("a", "b"):
             w = torch.nn.Parameter(make_tagged(torch.randn(4, 4), tag=tag))
             before = diagnostics.capture_count()
@@ -134,9 +134,20 @@ def test_miss_reasons_from_outside_enable_do_not_leak_into_the_next_report():
     with torch._dynamo.compiled_autograd._enable(stock):  # stock CA: our reason hook is not installed
         step(make_pair(torch.randn(4, 5))).backward()
     subclass_ca.reset()
-    with subclass_ca.enable():
+    with subclass_ca.enable(report=True):
         step(make_pair(torch.randn(4, 5))).backward()
     assert len(subclass_ca.last_report().miss_reasons) == 1
+
+
+def test_miss_reasons_are_not_collected_unless_asked_for():
+    """Collecting them installs torch's C++ verbose logger, which has its own failure modes (issue 21)."""
+    (w1, w2), step = _two_pair_params_step()
+    with subclass_ca.enable():
+        assert diagnostics.CACHE_MISS_LOG.holders == 0
+        step(make_pair(torch.randn(4, 5))).backward()
+    report = subclass_ca.last_report()
+    assert not report.miss_reasons_available and report.miss_reasons == []
+    assert "not collected" in report.summary()
 
 
 def test_report_true_logs_the_summary(caplog: pytest.LogCaptureFixture):

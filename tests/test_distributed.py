@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from subclass_ca import _demo
+from subclass_ca._tools import demo as _demo
 from subclass_ca._tools.launcher import LaunchConfig, WorkerError, WorkerTimeoutError, free_port, run_workers
 
 # --- worker functions (module level: the spawned workers import them by name) ---------

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import subclass_ca
-from subclass_ca import _compat, _fsdp2, fsdp2
+from subclass_ca import _compat, _fsdp2
+from subclass_ca._tools import fsdp2_parity as fsdp2
 from subclass_ca._tools.fsdp2_parity import FSDP2Run
 
 # --- worker functions (module level: spawned workers import them by name) --------------
