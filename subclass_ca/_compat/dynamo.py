@@ -28,6 +28,9 @@ __all__ = [
     "without_proxy_tracing",
     "fake_mode_of",
     "size_hint",
+    "dynamo_counters",
+    "unique_graph_count",
+    "uncached_compiles",
     "TRACE_WRAPPED",
     "TRACE_WRAPPED_USERS",
 ]
@@ -128,3 +131,27 @@ def size_hint(value: Any) -> Any:
     if isinstance(value, torch.SymInt):
         return value.node.hint if value.node.has_hint() else value.node.require_hint()
     return value
+
+
+# --- for tooling: counters and compile caches ---------------------------------
+
+
+def dynamo_counters() -> Any:
+    """Dynamo's process-wide counters (``counters[group][name]``)."""
+    return lookup("torch._dynamo.utils:counters")
+
+
+def unique_graph_count() -> int:
+    """Graphs Dynamo has compiled in this process (``counters["stats"]["unique_graphs"]``)."""
+    return int(dynamo_counters()["stats"].get("unique_graphs", 0))
+
+
+@contextlib.contextmanager
+def uncached_compiles(*, min_recompile_limit: int = 64) -> Iterator[None]:
+    """Compile for real (no FX-graph or AOT-autograd cache hits) with room for recompiles: for timing compiles."""
+    dynamo_config = lookup("torch._dynamo:config")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(dynamo_config.patch(recompile_limit=max(min_recompile_limit, dynamo_config.recompile_limit)))
+        stack.enter_context(lookup("torch._inductor:config").patch(fx_graph_cache=False))
+        stack.enter_context(lookup("torch._functorch:config").patch(enable_autograd_cache=False))
+        yield

@@ -213,7 +213,7 @@ def _ca_captures() -> int:
 
 
 def _graph_compiles() -> int:
-    return int(torch._dynamo.utils.counters["stats"].get("unique_graphs", 0))
+    return _compat.unique_graph_count()
 
 
 def rss_bytes() -> int:
@@ -252,9 +252,7 @@ def _bench_torch_settings(settings: BenchSettings) -> Iterator[None]:
     """Disable cross-mode graph caches and raise Dynamo's recompile limit; restore on exit."""
     threads = torch.get_num_threads()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(torch._dynamo.config.patch(recompile_limit=max(64, torch._dynamo.config.recompile_limit)))
-        stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
-        stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
+        stack.enter_context(_compat.uncached_compiles())
         if settings.threads:
             torch.set_num_threads(settings.threads)
         try:

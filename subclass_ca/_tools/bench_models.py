@@ -69,7 +69,7 @@ class Workload:
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    from .._compat import is_traceable_wrapper_subclass
 
     if is_traceable_wrapper_subclass(t):
         names, _ = t.__tensor_flatten__()

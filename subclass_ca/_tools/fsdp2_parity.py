@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import _compat
+
 __all__ = [
     "MODES",
     "FSDP2Run",
@@ -126,8 +128,6 @@ def _backward_context(mode: str, run: FSDP2Run) -> Any:
 
         return enable(backend=run.backend)
     if mode == "stock_ca":
-        from .. import _compat
-
         backend = run.backend
         return _compat.enable_compiled_autograd(lambda gm: torch.compile(gm, backend=backend), dynamic=True)
     return contextlib.nullcontext()
@@ -192,7 +192,7 @@ def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: F
 
     report = last_report() if mode == "subclass_ca" else None
     return {
-        "ca_captures": int(torch._dynamo.utils.counters["compiled_autograd"].get("captures", 0)),
+        "ca_captures": int(_compat.ca_counters().get("captures", 0)),
         "report_fallbacks": list(report.fallbacks) if report is not None else [],
         "report_fullgraph": report.fullgraph if report is not None else None,
         "mode": mode,
@@ -296,7 +296,7 @@ def _train_modes(rank: int, world_size: int, modes: Sequence[str], run: FSDP2Run
     out: dict[str, Any] = {}
     for mode in modes:
         reset()
-        torch._dynamo.utils.counters.clear()
+        _compat.dynamo_counters().clear()
         try:
             out[mode] = train_fsdp2(rank, world_size, mode=mode, run=run)
         except Exception as error:  # noqa: BLE001 - one mode's failure is a result, not a crash
