@@ -48,7 +48,6 @@ FEATURES: dict[str, str] = {
     "proxy-mode suspension": "torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing",
     "fake-mode suspension": "torch._subclasses.fake_tensor:unset_fake_temporarily",
     "fake-mode detection": "torch._guards:detect_fake_mode",
-    "fake tensor metadata (meta_utils)": "torch._subclasses:meta_utils",
     "allow_in_graph": "torch._dynamo:allow_in_graph",
     "dynamo disable": "torch._dynamo:disable",
     "dynamo exceptions": "torch._dynamo.exc:TorchDynamoException",
@@ -71,6 +70,11 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
         "torch._dynamo.trace_rules:_allowed_callable_ids",
         "benchmarks cannot count allow_in_graph growth",
     ),
+    "fake-tensor grad context check": (
+        "torch._subclasses.meta_utils:_grad_context_compatible",
+        "the pytorch#186427 workaround is not applied (its probe finds nothing to fix)",
+    ),
+    "inductor config": ("torch._inductor:config", "benchmarks cannot switch off the FX-graph cache when timing compiles"),
     "reference TwoTensor": ("torch.testing._internal.two_tensor:TwoTensor", "no built-in TwoTensor handler"),
 }
 """Name -> (dotted path, what degrades without it)."""
@@ -155,7 +159,7 @@ def torch_state_snapshot() -> dict[str, Any]:
         "allow_in_graph": lookup("torch._dynamo:allow_in_graph"),
         "autograd_function_ca_key": lookup(compiled_autograd.AUTOGRAD_FUNCTION_CTX).__dict__["_compiled_autograd_key"],
         "trace_wrapped": {m: lookup(m + ":trace_wrapped") for m in dynamo.TRACE_WRAPPED_USERS},
-        "grad_context_compatible": lookup("torch._subclasses.meta_utils:_grad_context_compatible"),
+        "grad_context_compatible": getattr(lookup("torch._subclasses:meta_utils"), "_grad_context_compatible", None),
         "execution_engine": engine.execution_engine(),
         "verbose_logger": compiled_autograd.ca_verbose_log(),
         "grad_enabled": torch.is_grad_enabled(),
