@@ -16,7 +16,7 @@ import torch
 
 from .errors import RegistrationError
 
-__all__ = ["Handler", "Mode", "MODES", "RebuildFn", "MetadataKeyFn", "default_handler"]
+__all__ = ["Handler", "Mode", "MODES", "RebuildFn", "MetadataKeyFn", "default_handler", "inherited_handler"]
 
 Mode = Literal["proxy", "inline", "opaque"]
 #: proxy: one named allow_in_graph node per rebuild (default) ·
@@ -58,6 +58,8 @@ class Handler:
     """How the rebuild lands in the graph; one of :data:`MODES`."""
     is_default: bool = field(default=False)
     """True for the protocol fallback used when nothing is registered."""
+    inherited_from: type | None = None
+    """The registered base class whose handler this is, for a subclass of it (see :func:`inherited_handler`)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -66,7 +68,10 @@ class Handler:
     @property
     def name(self) -> str:
         kind = "default" if self.is_default else "registered"
-        return f"{kind} handler for {self.cls.__module__}.{self.cls.__qualname__}"
+        name = f"{kind} handler for {self.cls.__module__}.{self.cls.__qualname__}"
+        if self.inherited_from is not None:
+            name += f" (inherited from {self.inherited_from.__qualname__})"
+        return name
 
 
 def check_callable_arity(fn: Any, arity: int, *, what: str, cls: type, expected: str) -> None:
@@ -84,6 +89,23 @@ def check_callable_arity(fn: Any, arity: int, *, what: str, cls: type, expected:
             f"{what} for {cls.__qualname__} has signature {signature}, which cannot take "
             f"{arity} positional arguments ({error}). Define it as {expected}."
         ) from None
+
+
+def inherited_handler(registered: Handler, cls: type) -> Handler:
+    """The handler a subclass ``cls`` of ``registered.cls`` gets: same mode and metadata key, its own class.
+
+    A registered ``rebuild`` builds instances of the class it was written for, so the
+    subclass is rebuilt through its own ``__tensor_unflatten__`` (the protocol), which is
+    what produces ``cls`` in eager; a custom rebuild that must serve a family registers
+    each class (or the child) explicitly.
+    """
+    return Handler(
+        cls=cls,
+        rebuild=unflatten_rebuild(cls),
+        metadata_key=registered.metadata_key,
+        mode=registered.mode,
+        inherited_from=registered.cls,
+    )
 
 
 def default_handler(cls: type) -> Handler:

@@ -24,6 +24,7 @@ from .handler import (
     RebuildFn,
     check_callable_arity,
     default_handler,
+    inherited_handler,
     unflatten_rebuild,
     whole_context_key,
 )
@@ -33,6 +34,8 @@ __all__ = ["register_handler", "handler", "unregister_handler", "get_handler", "
 _lock = threading.RLock()
 _handlers: dict[type, Handler] = {}
 _defaults: dict[type, Handler] = {}
+_inherited: dict[type, Handler] = {}
+"""Handlers derived for subclasses of registered classes; recomputed when the registration changes."""
 _deferred: dict[str, Callable[[], Any]] = {}
 
 _C = TypeVar("_C", bound=type)
@@ -89,6 +92,7 @@ def register_handler(
                 "Pass replace=True to override it, or unregister_handler() first."
             )
         _handlers[cls] = new
+        _inherited.clear()
     return new
 
 
@@ -112,6 +116,7 @@ def unregister_handler(cls: type) -> Handler:
     """Remove the handler registered for exactly ``cls``; returns it."""
     with _lock:
         try:
+            _inherited.clear()
             return _handlers.pop(cls)
         except KeyError:
             raise KeyError(
@@ -144,7 +149,12 @@ def get_handler(cls: type) -> Handler:
         for base in getattr(cls, "__mro__", (cls,)):
             found = _handlers.get(base)
             if found is not None:
-                return found
+                if base is cls:
+                    return found
+                inherited = _inherited.get(cls)
+                if inherited is None or inherited.inherited_from is not base or inherited.mode != found.mode:
+                    inherited = _inherited[cls] = inherited_handler(found, cls)
+                return inherited
         fallback = _defaults.get(cls)
         if fallback is None:
             if not _compat.is_traceable_wrapper_subclass_type(cls):

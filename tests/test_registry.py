@@ -33,7 +33,8 @@ def test_register_and_lookup_follow_the_mro(cleanup):
     handler = subclass_ca.register_handler(PairTensor, rebuild=rebuild_pair)
     cleanup.append(PairTensor)
     assert subclass_ca.get_handler(PairTensor) is handler
-    assert subclass_ca.get_handler(MyPair) is handler
+    inherited = subclass_ca.get_handler(MyPair)
+    assert inherited.inherited_from is PairTensor and inherited.cls is MyPair and inherited.mode == handler.mode
     assert subclass_ca.handlers()[PairTensor] is handler
 
 
