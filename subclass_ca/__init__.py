@@ -16,6 +16,7 @@ from .diagnostics import CaptureReport, cache_stats, clear_reports, last_report,
 from .errors import (
     DuplicateHandlerError,
     FSDP2UnsupportedError,
+    GraphBreakError,
     HookOnSubclassError,
     MetadataMismatchError,
     RebuildError,
@@ -59,6 +60,7 @@ __all__ = [
     "UnsupportedSubclassError",
     "FSDP2UnsupportedError",
     "HookOnSubclassError",
+    "GraphBreakError",
     # versions
     "SUPPORTED_TORCH",
     "TESTED_TORCH",

@@ -20,6 +20,7 @@ cache-key token of the innermost block (Note [Keeping CA caches apart]).
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from ._epilogue import proxy_call_aot_backward, warn_fallback_once
 from ._hooks import trace_wrapped_swaps
 from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes
 from .config import Config
-from .errors import SubclassCAError, UnsupportedSubclassError
+from .errors import GraphBreakError, SubclassCAError, UnsupportedSubclassError
 
 __all__ = ["RUNTIME_PATCHES", "CACompiler", "cache_token", "enter_block", "exit_block", "current_token", "capture_with"]
 
@@ -58,6 +59,7 @@ class CompiledCAGraph:
         self._checked = not fullgraph or not subclass_nodes(graph_module.graph)
         self._graph_breaks_allowed = not fullgraph
         self._workarounds = _compat.ca_graph_run_patches()
+        self._first_run = True
 
     def _compile(self, fullgraph: bool) -> Any:
         config = self._config
@@ -94,19 +96,31 @@ class CompiledCAGraph:
 
     def _run(self, *args: Any, **kwargs: Any) -> Any:
         diagnostics.record_run(self._report)
-        if self._checked:
-            return self._compiled(*args, **kwargs)
+        if self._first_run:
+            return self._first(*args, **kwargs)
+        return self._compiled(*args, **kwargs)
+
+    def _first(self, *args: Any, **kwargs: Any) -> Any:
+        """The first run compiles: recover from failures that are ours, list graph breaks."""
+        breaks_before = _compat.graph_break_counts()
         try:
             result = self._compiled(*args, **kwargs)
         except Exception as error:
-            if not _compat.is_compile_failure(error):
+            if self._checked or not _compat.is_compile_failure(error):
+                if _compat.is_graph_break(error) and not self._graph_breaks_allowed and not raised_in_rebuild(error):
+                    raise _graph_break_error(error) from error
                 raise
-            return self._recover(error, args, kwargs)
+            result = self._recover(error, args, kwargs)
         self._checked = True
+        self._first_run = False
+        breaks = _compat.graph_break_counts()
+        self._report.graph_breaks += sorted(r for r, n in breaks.items() if n > breaks_before.get(r, 0))
         return result
 
     def _recover(self, error: Exception, args: Any, kwargs: Any) -> Any:
         if not raised_in_rebuild(error):
+            if _compat.is_graph_break(error) and not self._graph_breaks_allowed:
+                raise _graph_break_error(error) from error
             raise error
         names = sorted({node.target._subclass_ca_type.__qualname__ for node in subclass_nodes(self._graph_module.graph)})
         if self._config.on_unsupported != "eager":
@@ -128,6 +142,26 @@ class CompiledCAGraph:
         return self._compiled(*args, **kwargs)
 
 
+def _graph_break_error(error: BaseException) -> GraphBreakError:
+    text = str(error).strip()
+    reason = text.splitlines()[0] if text else type(error).__name__
+    user_code = text.split("from user code:", 1)[1] if "from user code:" in text else ""
+    hook_kind = re.search(r"hook_type = '(\w+)'", user_code)
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', user_code)
+    own = [(path, line, name) for path, line, name in frames if "/torch/" not in path and not path.startswith("<")]
+    where = ""
+    if own:
+        path, line, name = own[0]
+        kind = f"{hook_kind.group(1)} " if hook_kind else ""
+        where = f" It is needed by the {kind}{name} ({path.rsplit('/', 1)[-1]}:{line})."
+    return GraphBreakError(
+        f"the backward graph needs a graph break, which fullgraph=True (the default) refuses: {reason}.{where} "
+        "No gradient was produced. This is typical of hooks that run Python Dynamo cannot trace (e.g. an "
+        "optimizer step inside a post-accumulate-grad hook). Pass enable(fullgraph=False) to run that code "
+        "eagerly between compiled pieces (the capture report lists the breaks), or make the hook traceable."
+    )
+
+
 class CACompiler:
     """The ``compiler_fn`` compiled autograd calls with each captured graph; it carries the settings.
 
@@ -142,14 +176,14 @@ class CACompiler:
     def __call__(self, graph_module: torch.fx.GraphModule) -> Any:
         steal_subclass_accumulates(graph_module)  # Note [Subclass gradients and AccumulateGrad]
         nodes = subclass_nodes(graph_module.graph)
-        fullgraph = not any(node.target._subclass_ca_mode == "opaque" for node in nodes)
+        config = self.subclass_ca_config
+        fullgraph = config.fullgraph and not any(node.target._subclass_ca_mode == "opaque" for node in nodes)
         report = diagnostics.finish_capture(
             graph_nodes=len(graph_module.graph.nodes),
             fullgraph=fullgraph,
             ca_counters=_compat.ca_counters(),
             graph_code=graph_module.code,
         )
-        config = self.subclass_ca_config
         if config.report:
             diagnostics.logger.warning("%s", report.summary())
         if self._compile_graph is not None:

@@ -41,6 +41,7 @@ class enable(contextlib.ContextDecorator):
         strict: bool | None = None,
         on_unsupported: str | None = None,
         report: bool | None = None,
+        fullgraph: bool | None = None,
         **compile_kwargs: Any,
     ) -> None:
         keywords = {
@@ -51,6 +52,7 @@ class enable(contextlib.ContextDecorator):
                 ("strict", strict),
                 ("on_unsupported", on_unsupported),
                 ("report", report),
+                ("fullgraph", fullgraph),
             )
             if value is not None
         }

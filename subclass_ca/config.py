@@ -10,6 +10,7 @@ __all__ = ["Config", "ON_UNSUPPORTED"]
 
 ON_UNSUPPORTED: tuple[str, ...] = ("error", "eager")
 _RESERVED_COMPILE_KWARGS = ("backend", "fullgraph")
+"""Set through their own fields, never through compile_kwargs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,7 +28,12 @@ class Config:
     on_unsupported: str = "error"
     """An unregistered subclass whose constructor cannot be traced: "error" raises, "eager" rebuilds it opaquely."""
     report: bool = False
-    """Log a capture report (see ``subclass_ca.last_report()``) after every capture."""
+    """Log a capture report (see ``subclass_ca.last_report()``) after every capture; collect cache-miss reasons."""
+    fullgraph: bool = True
+    """Compile the CA graph whole.  True: a backward that needs a graph break (e.g. an optimizer step
+    inside a post-accumulate-grad hook) raises :class:`GraphBreakError` naming the code, before any
+    gradient.  False: Dynamo breaks the graph there and runs that code eagerly; the capture
+    report lists the breaks."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.backend, str) or callable(self.backend)):
@@ -39,10 +45,10 @@ class Config:
         reserved = [k for k in _RESERVED_COMPILE_KWARGS if k in self.compile_kwargs]
         if reserved:
             raise ValueError(
-                f"Config.compile_kwargs must not set {reserved}: pass backend= directly; fullgraph is chosen by "
-                "subclass_ca (True unless an opaque handler forces a graph break)"
+                f"Config.compile_kwargs must not set {reserved}: pass backend= and fullgraph= as settings of "
+                "their own (enable(backend=..., fullgraph=...))"
             )
-        for name in ("dynamic", "strict", "report"):
+        for name in ("dynamic", "strict", "report", "fullgraph"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
         if self.on_unsupported not in ON_UNSUPPORTED:

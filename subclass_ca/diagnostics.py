@@ -73,7 +73,9 @@ class CaptureReport:
     graph_nodes: int = 0
     """Total nodes in the captured CA graph."""
     fullgraph: bool = True
-    """Whether the CA graph was compiled with fullgraph=True (False when opaque nodes force a break)."""
+    """Whether the CA graph was compiled with fullgraph=True (False: ``enable(fullgraph=False)``, opaque nodes, FSDP2)."""
+    graph_breaks: list[str] = field(default_factory=list)
+    """Dynamo's graph-break reasons met compiling this CA graph (only with fullgraph=False)."""
     ca_counters: dict[str, int] = field(default_factory=dict)
     """torch's compiled_autograd counters after this capture (captures, compiles, ...)."""
     graph_code: str = ""
@@ -107,6 +109,7 @@ class CaptureReport:
         for (name, mode), count in sorted(self.subclass_nodes.items()):
             lines.append(f"  {count} x make_subclass {name} [{mode}]")
         lines += [f"  fallback: {reason}" for reason in self.fallbacks]
+        lines += [f"  graph break: {reason}" for reason in self.graph_breaks]
         lines.append(f"  runs={self.runs} (cache hits={self.cache_hits})")
         if not self.miss_reasons_available:
             lines.append("  cache-miss reason: not collected (enable(report=True) or SUBCLASS_CA_LOG=info collects it)")

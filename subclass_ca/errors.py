@@ -16,6 +16,7 @@ __all__ = [
     "UnsupportedSubclassError",
     "FSDP2UnsupportedError",
     "HookOnSubclassError",
+    "GraphBreakError",
 ]
 
 
@@ -53,3 +54,7 @@ class FSDP2UnsupportedError(SubclassCAError):
 
 class HookOnSubclassError(SubclassCAError):
     """A tensor hook on a subclass intermediate inside the compiled region that cannot be captured."""
+
+
+class GraphBreakError(SubclassCAError):
+    """The backward graph needs a graph break (code Dynamo cannot trace) while ``fullgraph=True``."""

@@ -112,7 +112,7 @@ def test_grads_match_eager_through_enable():
         ({"on_unsupported": "ignore"}, "on_unsupported"),
         ({"strict": "yes"}, "strict"),
         ({"dynamic": 1}, "dynamic"),
-        ({"fullgraph": False}, "fullgraph"),
+        ({"fullgraph": "no"}, "fullgraph"),
     ],
 )
 def test_invalid_arguments_raise_value_error_naming_the_field(kwargs, field):

@@ -51,6 +51,7 @@ FEATURES: dict[str, str] = {
     "allow_in_graph": "torch._dynamo:allow_in_graph",
     "dynamo disable": "torch._dynamo:disable",
     "dynamo exceptions": "torch._dynamo.exc:TorchDynamoException",
+    "dynamo graph-break exception": "torch._dynamo.exc:Unsupported",
     "dynamo config": "torch._dynamo:config",
     "functorch config": "torch._functorch:config",
     "deferred tensor hooks (trace_wrapped)": dynamo.TRACE_WRAPPED,

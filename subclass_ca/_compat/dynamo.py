@@ -17,6 +17,8 @@ __all__ = [
     "is_traceable_wrapper_subclass",
     "is_traceable_wrapper_subclass_type",
     "is_compile_failure",
+    "is_graph_break",
+    "graph_break_counts",
     "dynamo_config_snapshot",
     "functorch_config_snapshot",
     "two_tensor_type",
@@ -62,6 +64,16 @@ def is_traceable_wrapper_subclass_type(cls: type) -> bool:
 def is_compile_failure(error: BaseException) -> bool:
     """True for errors Dynamo or a backend raise while *compiling* (nothing has run yet)."""
     return isinstance(error, lookup("torch._dynamo.exc:TorchDynamoException"))
+
+
+def is_graph_break(error: BaseException) -> bool:
+    """True for Dynamo's refusal to trace some code (what ``fullgraph=False`` would break the graph at)."""
+    return isinstance(error, lookup("torch._dynamo.exc:Unsupported"))
+
+
+def graph_break_counts() -> dict[str, int]:
+    """Dynamo's graph-break reasons so far in this process, with counts."""
+    return dict(lookup("torch._dynamo.utils:counters")["graph_break"])
 
 
 def dynamo_config_snapshot() -> dict[str, Any]:

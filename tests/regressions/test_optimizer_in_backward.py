@@ -1,0 +1,84 @@
+"""Hooks that need a graph break in the backward graph (issue 16.2): optimizer-in-backward.
+
+PyTorch's optimizer-in-backward pattern steps one optimizer per parameter from a
+post-accumulate-grad hook.  Dynamo cannot trace an optimizer step inside the CA graph, so
+the backward needs graph breaks: ``enable(fullgraph=False)`` trains == eager and the capture
+report lists the breaks; the default (fullgraph=True) raises GraphBreakError naming the
+code and the option, before any parameter changes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import subclass_ca
+from subclass_ca.testing.subclasses import make_pair
+from tests.helpers import assert_same_grad
+
+
+def _model():
+    torch.manual_seed(0)
+    pair = torch.nn.Parameter(make_pair(torch.randn(4, 4)))
+    linear = torch.nn.Linear(4, 3)
+    return pair, linear
+
+
+def _attach_optimizers(params):
+    optimizers = {p: torch.optim.SGD([p], lr=0.1) for p in params}
+
+    def step_in_backward(param):
+        optimizers[param].step()
+        optimizers[param].zero_grad()
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(step_in_backward)
+
+
+def _train(backend, steps=3, **enable_kwargs):
+    pair, linear = _model()
+    params = [pair, *linear.parameters()]
+    _attach_optimizers(params)
+    loss_fn = lambda x: linear(x @ pair).sin().sum()  # noqa: E731
+    forward = torch.compile(loss_fn, backend=backend) if backend else loss_fn
+    for step in range(steps):
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(step))
+        loss = forward(x)
+        if backend:
+            with subclass_ca.enable(backend=backend, **enable_kwargs):
+                loss.backward()
+        else:
+            loss.backward()
+    return [p.detach() for p in params]
+
+
+def test_optimizer_in_backward_with_fullgraph_false_matches_eager_and_reports_the_breaks():
+    eager = _train(None)
+    ours = _train("aot_eager", fullgraph=False)
+    for want, got in zip(eager, ours):
+        assert_same_grad(want, got, exact=False)
+    report = subclass_ca.last_report()
+    assert not report.fullgraph and report.graph_breaks, report.summary()
+    assert "graph break:" in report.summary()
+
+
+def test_optimizer_in_backward_by_default_raises_graph_break_error_before_any_update():
+    pair, linear = _model()
+    params = [pair, *linear.parameters()]
+    before = [p.detach().clone() for p in params]
+    _attach_optimizers(params)
+    loss = torch.compile(lambda x: linear(x @ pair).sin().sum(), backend="aot_eager")(torch.randn(2, 4))
+    with pytest.raises(subclass_ca.GraphBreakError, match=r"fullgraph=False") as info:
+        with subclass_ca.enable():
+            loss.backward()
+    assert "post_acc_grad_hook step_in_backward (test_optimizer_in_backward.py:" in str(info.value)
+    for want, got in zip(before, params):
+        assert_same_grad(want, got.detach())
+
+
+def test_fullgraph_is_a_setting_not_a_compile_kwarg():
+    assert subclass_ca.enable(fullgraph=False).config.fullgraph is False
+    with pytest.raises(ValueError, match="fullgraph"):
+        subclass_ca.Config(compile_kwargs={"fullgraph": False})
+    with pytest.raises(ValueError, match="fullgraph"):
+        subclass_ca.Config(fullgraph="no")  # type: ignore[arg-type]
