@@ -72,7 +72,9 @@ def steal_subclass_accumulates(graph_module: torch.fx.GraphModule) -> list[str]:
             continue
         grad = node.args[2]
         meta = grad.meta.get("subclass_ca") if isinstance(grad, torch.fx.Node) else None
-        if node.args[1] is None and meta is not None and meta.get("alloc_keeps_type") is False:
+        # steal unless the capture *proved* that allocation keeps the type: unknown (no fake outputs to
+        # probe, e.g. after an AOTAutograd cache hit) must not fall back to torch's densifying path
+        if node.args[1] is None and meta is not None and meta["mode"] != "opaque" and meta.get("alloc_keeps_type") is not True:
             node.target = accumulate_subclass_grad
             retargeted.append(grad.target._subclass_ca_type.__name__)
     if retargeted:

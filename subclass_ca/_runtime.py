@@ -50,9 +50,15 @@ class CompiledCAGraph:
     """
 
     def __init__(
-        self, graph_module: torch.fx.GraphModule, config: Config, fullgraph: bool, report: diagnostics.CaptureReport
+        self,
+        graph_module: torch.fx.GraphModule,
+        config: Config,
+        fullgraph: bool,
+        report: diagnostics.CaptureReport,
+        compile_graph: Callable[[torch.fx.GraphModule], Any] | None = None,
     ) -> None:
         self._graph_module = graph_module
+        self._compile_graph = compile_graph
         self._config = config
         self._report = report
         self._compiled = self._compile(fullgraph)
@@ -62,16 +68,23 @@ class CompiledCAGraph:
         self._first_run = True
 
     def _compile(self, fullgraph: bool) -> Any:
+        if self._compile_graph is not None:  # the compiler of a torch.compile-d train step (flag style)
+            return self._compile_graph(self._graph_module)
         config = self._config
         return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _call_with_workarounds(self, *args: Any, **kwargs: Any) -> Any:
         if not self._workarounds:
             return self._call(*args, **kwargs)
         with contextlib.ExitStack() as stack:
             for patches in self._workarounds:
                 stack.enter_context(patches.applied())
             return self._call(*args, **kwargs)
+
+    # The wrapper itself is never traced: inside a torch.compile-d train step (flag style) Dynamo's
+    # frame callback is active while compiled autograd runs this graph; the compiled graph inside
+    # still runs compiled (its own torch.compile context re-enables Dynamo for its frame).
+    __call__ = _compat.dynamo_disable(_call_with_workarounds)
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
         # Note [FSDP2 under compiled autograd] in _fsdp2.py: detect FSDP2 hooks before the graph
@@ -165,13 +178,22 @@ def _graph_break_error(error: BaseException) -> GraphBreakError:
 class CACompiler:
     """The ``compiler_fn`` compiled autograd calls with each captured graph; it carries the settings.
 
-    ``compile_graph`` replaces the compiled-graph wrapper (tests and benchmarks that must see
-    the raw CA graph); by default the graph is compiled with ``config.backend``.
+    ``compile_graph`` compiles the graph instead of ``torch.compile(backend=config.backend)``:
+    Dynamo's own compiler for a ``torch.compile``-d train step (flag style, see
+    :func:`_adopt_flag_style_compiler`), or, with ``raw=True``, a test's or benchmark's function
+    that must see the raw CA graph (no compiled-graph wrapper, no scoped workarounds).
     """
 
-    def __init__(self, config: Config, compile_graph: Callable[[torch.fx.GraphModule], Any] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        compile_graph: Callable[[torch.fx.GraphModule], Any] | None = None,
+        *,
+        raw: bool = False,
+    ) -> None:
         self.subclass_ca_config = config
         self._compile_graph = compile_graph
+        self._raw = raw
 
     def __call__(self, graph_module: torch.fx.GraphModule) -> Any:
         steal_subclass_accumulates(graph_module)  # Note [Subclass gradients and AccumulateGrad]
@@ -186,9 +208,9 @@ class CACompiler:
         )
         if config.report:
             diagnostics.logger.warning("%s", report.summary())
-        if self._compile_graph is not None:
+        if self._raw and self._compile_graph is not None:
             return self._compile_graph(graph_module)
-        return CompiledCAGraph(graph_module, config, fullgraph, report)
+        return CompiledCAGraph(graph_module, config, fullgraph, report, self._compile_graph)
 
 
 # --- cache tokens (Note [Keeping CA caches apart] in _compat/compiled_autograd.py) -----
@@ -226,6 +248,7 @@ def cache_token(config: Config, *, raw: bool = False) -> int:
 @dataclass(eq=False)
 class _Entry:
     owner: object
+    config: Config
     token: int
     exits: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
@@ -249,12 +272,30 @@ def current_token() -> int | None:
     return entries[-1].token if entries else None
 
 
+def _adopt_flag_style_compiler(compiler_fn: Any) -> Any:
+    """Route a compiled train step's own compiled-autograd capture through this thread's block.
+
+    With ``torch._dynamo.config.compiled_autograd = True``, every call of a ``torch.compile``-d
+    function enters torch's ``compiled_autograd._enable(<its own compiler>)`` around the frame,
+    so a ``loss.backward()`` inside it would be captured by stock CA.  Inside an ``enable()``
+    block the compiler is wrapped in a :class:`CACompiler` carrying the block's settings: the
+    capture goes through our epilogue and report, and the graph is still compiled by the
+    step's own compiler (its backend).
+    """
+    entries = getattr(_local, "entries", None)
+    if not entries or hasattr(compiler_fn, "subclass_ca_config"):
+        return compiler_fn
+    return CACompiler(entries[-1].config, compiler_fn)
+
+
 RUNTIME_PATCHES = _compat.PatchSet(
     "subclass_ca runtime",
     lambda: [
+        _compat.ca_enable_swap(_adopt_flag_style_compiler),
         _compat.aot_backward_swap(proxy_call_aot_backward),
         _compat.cache_key_swap(current_token),
         *trace_wrapped_swaps(),
+        *_compat.capture_watch_swaps(diagnostics.capture_abandoned),
     ],
 )
 """What the runtime changes in torch while any block is active (Note [One patcher] in ``_compat/_patch.py``)."""
@@ -288,7 +329,7 @@ def enter_block(owner: object, config: Config, compiler: Callable[..., Any], tok
     """Open one block for ``owner`` in this thread (see Note [enable() blocks and threads])."""
     _compat.require_support()
     _claim_process(owner)
-    entry = _Entry(owner=owner, token=token)
+    entry = _Entry(owner=owner, config=config, token=token)
     exits = entry.exits
     try:
         exits.callback(_release_process)
@@ -335,7 +376,7 @@ def capture_with(compile_graph: Callable[[torch.fx.GraphModule], Any], *, config
     """
     config = config or Config()
     owner = object()
-    enter_block(owner, config, CACompiler(config, compile_graph), cache_token(config, raw=True), miss_log=False)
+    enter_block(owner, config, CACompiler(config, compile_graph, raw=True), cache_token(config, raw=True), miss_log=False)
     try:
         yield
     finally:

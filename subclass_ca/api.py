@@ -84,3 +84,4 @@ def reset() -> None:
     """Forget compiled graphs (Dynamo and compiled autograd caches): the next backward recaptures."""
     torch.compiler.reset()
     _compat.reset_compiled_autograd()
+    diagnostics.cache_cleared()

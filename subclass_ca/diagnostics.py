@@ -192,14 +192,58 @@ class _CacheMissLog:
             self._forward_to.debug(message, *args)
 
 
+# Note [Failed captures and the verbose logger]
+# ---------------------------------------------
+# torch's C++ compiled autograd walks the autograd graph through its shadow-graph cache,
+# *creating* a cache node per step, and stores the compiled function in the final node only
+# after a successful capture.  With a verbose logger installed it also computes a "compile
+# reason" (a node key not seen before, or sizes that became dynamic).  A failed capture
+# (torch's refusal of a double backward, a RebuildError of ours, ...) leaves the final node
+# behind without a compiled function; the next backward of the same graph finds every key and
+# unchanged sizes (no reason), still misses, and ``TORCH_INTERNAL_ASSERT(!vlogger.has_value()
+# || compile_reason.has_value())`` fires on every later backward of that graph until the cache
+# is cleared.  Without a verbose logger the dangling node is harmless (a plain recapture);
+# stock torch crashes the same way under TORCH_LOGS=compiled_autograd_verbose.
+#
+# So (1) the logger is installed only when reasons are asked for (``enable(report=True)`` or
+# ``SUBCLASS_CA_LOG=info|debug``), and (2) a failed capture (``_compat.capture_watch_swaps``)
+# clears compiled autograd's graph cache when a verbose logger is installed, and otherwise marks
+# the cache as holding dangling nodes, so that installing our logger clears it first.
+
 _miss_log: _CacheMissLog | None = None
 """Kept alive here: torch's C++ side holds the logger without owning a reference."""
+_dangling_cache_nodes = False
+"""A capture failed while no verbose logger was installed (Note [Failed captures and the verbose logger])."""
 
 
 def _make_miss_log(original: Any) -> _CacheMissLog:
-    global _miss_log
+    global _miss_log, _dangling_cache_nodes
+    if _dangling_cache_nodes:
+        _compat.clear_compiled_autograd_cache()
+        _dangling_cache_nodes = False
     _miss_log = _CacheMissLog(forward_to=original)
     return _miss_log
+
+
+def capture_abandoned() -> None:
+    """A compiled-autograd capture failed; never raises (called while torch unwinds the capture)."""
+    global _dangling_cache_nodes
+    try:
+        _pending.events = None  # events of the failed capture must not reach the next report
+        if CACHE_MISS_LOG.holders > 0 or _compat.ca_verbose_log() is not None:
+            _compat.clear_compiled_autograd_cache()
+            _dangling_cache_nodes = False
+            logger.debug("capture failed: compiled autograd's cache cleared (a verbose logger is installed)")
+        else:
+            _dangling_cache_nodes = True
+    except Exception:  # noqa: BLE001
+        logger.debug("capture_abandoned failed", exc_info=True)
+
+
+def cache_cleared() -> None:
+    """Compiled autograd's cache was cleared (``subclass_ca.reset()``): no dangling nodes remain."""
+    global _dangling_cache_nodes
+    _dangling_cache_nodes = False
 
 
 CACHE_MISS_LOG = _compat.PatchSet(

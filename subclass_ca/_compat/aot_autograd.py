@@ -11,6 +11,7 @@ import torch
 
 from ._lookup import lookup
 from ._patch import AttributeSwap, PatchSet
+from .dynamo import outside_tracing
 
 __all__ = [
     "SCHEMAS",
@@ -79,9 +80,21 @@ def has_subclass_grads(ctx: Any) -> bool:
 
 
 def backward_output_examples(ctx: Any) -> list[Any] | None:
-    """The AOT backward graph's output values (fake tensors/symints) recorded at trace time."""
+    """The AOT backward graph's output values (fake tensors/symints) recorded at trace time.
+
+    Note [AOTAutograd cache and backward metadata]: torch does not keep ``node.meta["val"]`` on
+    the backward graph reliably.  Saving an AOTAutograd cache entry (inductor: compiled functions
+    with an FX-graph cache key) runs ``serialize_graph_module(bw_module)``, which sets
+    ``node.meta = {}`` *in place* on the live backward module compiled autograd later pastes; an
+    entry is saved when the backward is compiled (a backward outside compiled autograd, an eager
+    backward compile for dynamic shapes).  A cache hit gives a module deserialized from that
+    stripped copy.  Where the meta is gone but the lazy-compile info still holds the backward's
+    fake placeholders, the outputs are recomputed by fake propagation; otherwise None (callers
+    must never lose behaviour on None: see ``_accumulate.py``).
+    """
+    compiled_function = ctx._forward_cls
     try:
-        bw_module = lookup(BW_MODULE_EXTRACTION)(ctx._forward_cls)
+        bw_module = lookup(BW_MODULE_EXTRACTION)(compiled_function)
     except Exception:  # noqa: BLE001 - lazily compiled or cached backward: no graph
         return None
     graph = getattr(bw_module, "graph", None)
@@ -94,11 +107,29 @@ def backward_output_examples(ctx: Any) -> list[Any] | None:
     for arg in output.args[0]:
         if isinstance(arg, torch.fx.Node):
             if "val" not in arg.meta:
-                return None
+                return _propagated_backward_outputs(compiled_function, bw_module)
             values.append(arg.meta["val"])
         else:
             values.append(arg)
     return values
+
+
+def _propagated_backward_outputs(compiled_function: Any, bw_module: Any) -> list[Any] | None:
+    """The backward's outputs by fake propagation over its recorded fake placeholders (None: impossible)."""
+    placeholders = getattr(getattr(compiled_function, "_lazy_backward_info", None), "placeholder_list", None)
+    if placeholders is None:
+        return None
+    # the placeholders' own fake mode (detect_fake_mode would also consult the active CA modes)
+    modes = {id(m): m for m in (getattr(p, "fake_mode", None) for p in placeholders) if m is not None}
+    if len(modes) != 1:
+        return None
+    (fake_mode,) = modes.values()
+    try:
+        with outside_tracing(), fake_mode:
+            outputs = torch.fx.Interpreter(bw_module).run(*placeholders)
+    except Exception:  # noqa: BLE001 - e.g. an op without a fake kernel: unknown
+        return None
+    return list(outputs)
 
 
 @contextlib.contextmanager

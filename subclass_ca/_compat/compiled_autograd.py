@@ -17,9 +17,12 @@ __all__ = [
     "COMPILER_INSTANCE",
     "AOT_BACKWARD_PARAMS",
     "enable_compiled_autograd",
+    "ca_enable_swap",
     "compiled_autograd_state",
     "autograd_compiler",
     "reset_compiled_autograd",
+    "clear_compiled_autograd_cache",
+    "capture_watch_swaps",
     "ca_counters",
     "ca_verbose_log",
     "verbose_logger_swap",
@@ -43,6 +46,24 @@ def enable_compiled_autograd(compiler_fn: Callable[..., Any], *, dynamic: bool =
     return lookup(CA_MODULE + ":_enable")(compiler_fn, dynamic=dynamic)
 
 
+def ca_enable_swap(adopt: Callable[[Any], Any]) -> AttributeSwap:
+    """``compiled_autograd._enable`` with its ``compiler_fn`` passed through ``adopt`` first.
+
+    It is what Dynamo enters around each call of a ``torch.compile``-d function when
+    ``torch._dynamo.config.compiled_autograd`` is set (``adopt`` leaves our own compilers alone).
+    """
+
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def _enable(compiler_fn: Any, *args: Any, **kwargs: Any) -> Any:
+            return original(adopt(compiler_fn), *args, **kwargs)
+
+        _enable.__subclass_ca_original__ = original  # type: ignore[attr-defined]
+        return _enable
+
+    return AttributeSwap(lambda: lookup(CA_MODULE), "_enable", make, own_only=False)
+
+
 def compiled_autograd_state() -> dict[str, Any]:
     """Module-level compiled-autograd flags, for exact save/restore checks."""
     ca = lookup(CA_MODULE)
@@ -59,6 +80,57 @@ def autograd_compiler() -> Any:
     prior = setter(None, False)
     setter(*prior)
     return prior
+
+
+def clear_compiled_autograd_cache() -> None:
+    """Drop compiled autograd's graph cache only (keeps the installed compiler and counters)."""
+    lookup(_C_CA + ".clear_cache")()
+
+
+_CAPTURING = "_subclass_ca_capturing"
+
+
+def capture_watch_swaps(on_abandoned: Callable[[], None]) -> list[AttributeSwap]:
+    """Call ``on_abandoned()`` for every compiled-autograd capture that fails.
+
+    A capture is *abandoned* when ``begin_capture`` ran but ``end_capture`` never returned:
+    torch refused to trace (double backward through a compiled region), a rebuild of ours
+    raised, a hook failed...  torch calls ``close()`` on the compiler instance on success and
+    on failure (C++ ``ClosingTHPObjectPtr``); ``close`` is an instance attribute, so it is
+    wrapped per instance in ``begin_capture``.  ``on_abandoned`` must not raise.  See Note
+    [Failed captures and the verbose logger] in ``diagnostics.py``.
+    """
+
+    def make_begin(original: Any) -> Any:
+        @functools.wraps(original)
+        def begin_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
+            close = getattr(self, "close", None)
+            if close is not None:
+                setattr(self, _CAPTURING, True)
+
+                def close_and_report() -> Any:
+                    try:
+                        return close()
+                    finally:
+                        if self.__dict__.pop(_CAPTURING, False):
+                            on_abandoned()
+
+                self.close = close_and_report
+            return original(self, *args, **kwargs)
+
+        return begin_capture
+
+    def make_end(original: Any) -> Any:
+        @functools.wraps(original)
+        def end_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(self, *args, **kwargs)
+            self.__dict__.pop(_CAPTURING, None)  # reached only when the capture succeeded
+            return result
+
+        return end_capture
+
+    locate = lambda: lookup(COMPILER_INSTANCE)  # noqa: E731
+    return [AttributeSwap(locate, "begin_capture", make_begin), AttributeSwap(locate, "end_capture", make_end)]
 
 
 def reset_compiled_autograd() -> None:

@@ -150,3 +150,75 @@ def test_existing_grad_accumulation_matches_eager():
     assert_same_grad(eager, ours)
     report = subclass_ca.last_report()
     assert "accumulate_subclass_grad" not in report.graph_code
+
+
+# --- issue 16.4: no fake backward outputs to probe (AOTAutograd cache) ------------------------
+# Note [AOTAutograd cache and backward metadata] in _compat.py: saving an AOTAutograd cache entry
+# (inductor) strips node.meta from the live backward module, and a cache hit loads a stripped one.
+
+
+def test_grad_type_kept_when_the_capture_has_no_backward_examples(monkeypatch):
+    """No fake outputs to probe (an AOTAutograd cache hit): the first accumulation still steals."""
+    monkeypatch.setattr(_compat, "backward_output_examples", lambda ctx: None)
+    eager = _step(None, contextlib.nullcontext())
+    ours = _step("aot_eager", subclass_ca.enable(backend="aot_eager"))
+    for want, got in zip(eager, ours):
+        assert_same_grad(want, got, exact=True)
+    assert "accumulate_subclass_grad" in subclass_ca.last_report().graph_code
+
+
+def test_type_preserving_subclass_without_backward_examples_matches_eager(monkeypatch):
+    two_tensor = _compat.two_tensor_type()
+    if two_tensor is None:
+        pytest.skip("torch.testing._internal.two_tensor is missing")
+    monkeypatch.setattr(_compat, "backward_output_examples", lambda ctx: None)
+
+    def run(context):
+        weight = torch.nn.Parameter(two_tensor(_dense(0, 4, 4), _dense(1, 4, 4)))
+        loss = (torch.compile(lambda x: (x @ weight).sin().sum(), backend="aot_eager") if context else
+                (lambda x: (x @ weight).sin().sum()))(_dense(2, 3, 4))
+        with context or contextlib.nullcontext():
+            loss.backward()
+        return weight.grad
+
+    eager, ours = run(None), run(subclass_ca.enable())
+    assert type(ours) is two_tensor
+    torch.testing.assert_close(ours.a, eager.a, atol=0, rtol=0)
+    torch.testing.assert_close(ours.b, eager.b, atol=0, rtol=0)
+
+
+def test_stripped_backward_metadata_is_recovered_by_fake_propagation(monkeypatch):
+    """The live backward module lost node.meta (as after an AOTAutograd cache save): examples are recomputed."""
+    ca = torch._dynamo.compiled_autograd
+    extract = ca.extract_bw_module
+
+    def stripped(compiled_function):
+        module = extract(compiled_function)
+        for node in module.graph.nodes:
+            node.meta = {}
+        return module
+
+    monkeypatch.setattr(ca, "extract_bw_module", stripped)
+    seen = []
+    original = _compat.backward_output_examples
+    monkeypatch.setattr(_compat, "backward_output_examples", lambda ctx: seen.append(original(ctx)) or seen[-1])
+    eager = _step(None, contextlib.nullcontext())
+    ours = _step("aot_eager", subclass_ca.enable(backend="aot_eager"))
+    assert seen and all(examples is not None for examples in seen)
+    for want, got in zip(eager, ours):
+        assert_same_grad(want, got, exact=True)
+
+
+@pytest.mark.inductor
+def test_grad_type_kept_after_a_backward_outside_enable_inductor():
+    """A backward outside enable() compiles the AOT backward and saves its cache entry (stripping node.meta)."""
+    eager = _step(None, contextlib.nullcontext())
+    weight = torch.nn.Parameter(BareInt8Tensor.quantize(_dense(0, 4, 4)))
+    forward = torch.compile(lambda x: x @ weight, backend="inductor")
+    forward(BareInt8Tensor.quantize(_dense(1, 3, 4))).backward(BareInt8Tensor.quantize(_dense(2, 3, 4)))
+    weight.grad = None
+    out = forward(BareInt8Tensor.quantize(_dense(1, 3, 4)))
+    with subclass_ca.enable(backend="inductor"):
+        out.backward(BareInt8Tensor.quantize(_dense(2, 3, 4)))
+    assert type(weight.grad) is BareInt8Tensor
+    torch.testing.assert_close(weight.grad.dequantize(), eager[0].dequantize())
