@@ -9,6 +9,7 @@ _COMMANDS = {
     "demo": ("subclass_ca._tools.demo", "train a small subclass model in four modes side by side"),
     "check": ("subclass_ca.testing._cli", "certify registered and zoo subclasses; print a table"),
     "bench": ("subclass_ca._tools.bench", "benchmark eager / compile / stock CA / subclass_ca"),
+    "versions": ("subclass_ca._tools.support_table", "support table: run one torch lane (run) or merge lanes (render)"),
 }
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "fake_mode_of",
     "size_hint",
     "dynamo_counters",
+    "compiled_autograd_flag",
     "unique_graph_count",
     "uncached_compiles",
     "TRACE_WRAPPED",
@@ -146,6 +147,11 @@ def size_hint(value: Any) -> Any:
 
 
 # --- for tooling: counters and compile caches ---------------------------------
+
+
+def compiled_autograd_flag() -> Any:
+    """``torch._dynamo.config.compiled_autograd = True`` while active (read when ``torch.compile(fn)`` builds fn)."""
+    return lookup("torch._dynamo:config").patch(compiled_autograd=True)
 
 
 def dynamo_counters() -> Any:

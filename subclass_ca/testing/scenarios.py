@@ -247,8 +247,6 @@ def _hook(ctx: ScenarioContext) -> dict[str, Any]:
 @scenario(
     "hook_intermediate",
     "a tensor hook on a subclass intermediate created inside the compiled region",
-    known_failure="hook on a subclass intermediate inside the compiled region "
-    "(torch: no rule registered for HOP trace_wrapped and the subclass)",
 )
 def _hook_intermediate(ctx: ScenarioContext) -> dict[str, Any]:
     w = ctx.leaf(ctx.dense(4, 4))

@@ -222,6 +222,7 @@ def _newest_capture_index() -> int:
 def _run_program(
     scenario: Scenario, make: Factory, make_variant: Factory | None, make_plain: Factory | None,
     device: torch.device, mode: str, backend: str,
+    backward_context: Callable[[str], Any] | None = None,
 ) -> Any:
     if mode == "eager":
         compile_fn: Callable[..., Any] = lambda fn: fn  # noqa: E731
@@ -233,7 +234,7 @@ def _run_program(
         compile_fn = lambda fn: torch.compile(fn, backend=backend)  # noqa: E731
 
         def backward(loss: torch.Tensor, gradient: torch.Tensor | None = None) -> None:
-            with subclass_ca.enable(backend):
+            with (backward_context or subclass_ca.enable)(backend):
                 loss.backward(gradient)
 
     ctx = ScenarioContext(make=make, make_variant=make_variant, make_plain=make_plain, device=device, compile=compile_fn, backward=backward, mode=mode)
@@ -252,11 +253,14 @@ def run_scenario(
     atol: float | None = None,
     rtol: float | None = None,
     known_failure: str | None = None,
+    backward_context: Callable[[str], Any] | None = None,
 ) -> ScenarioResult:
     """Run one scenario eagerly and under subclass_ca; never raises for a scenario failure.
 
     ``known_failure`` (or the scenario's own) turns a failure into a skip whose reason
-    names the limitation and carries every problem found.
+    names the limitation and carries every problem found.  ``backward_context(backend)``
+    replaces ``subclass_ca.enable(backend)`` around the compiled run's backward (e.g. stock
+    compiled autograd, for a side-by-side support table).
     """
     scenario = get_scenario(scenario) if isinstance(scenario, str) else scenario
     started = time.perf_counter()
@@ -288,7 +292,7 @@ def run_scenario(
 
     before = _newest_capture_index()
     try:
-        ca = _run_program(scenario, make_tensor, make_variant, make_plain, torch_device, "ca", backend)
+        ca = _run_program(scenario, make_tensor, make_variant, make_plain, torch_device, "ca", backend, backward_context)
         error_text = None
     except Exception as error:  # noqa: BLE001
         ca, error_text = None, _error_text(error)

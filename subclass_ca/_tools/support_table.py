@@ -1,0 +1,312 @@
+"""``python -m subclass_ca versions``: the support table, from real runs, one JSON per torch lane.
+
+``versions run --json FILE`` runs every row on the installed torch twice, under stock
+compiled autograd and under ``subclass_ca.enable()``, and records pass / fail (with the error)
+/ skip (with the reason).  ``versions render FILE... --out docs/versions.md`` merges the
+lanes into one markdown table.  ``make versions`` does both for every lane.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import subclass_ca
+
+from .. import _compat
+from ..testing.scenarios import scenario_names
+from ..testing.specs import ZOO_SPECS, builtin_specs
+from ..testing.suite import run_scenario
+
+MODES = ("stock", "subclass_ca")
+KIT_SUBCLASSES = ("two_tensor", "int8", "nested_pair")
+BACKEND = "aot_eager"
+
+
+def _stock(backend: str, **_: Any) -> Any:
+    return _compat.enable_compiled_autograd(_compat.stock_ca_compiler(backend))
+
+
+def _context(mode: str, backend: str = BACKEND, **kwargs: Any) -> Any:
+    return _stock(backend) if mode == "stock" else subclass_ca.enable(backend, **kwargs)
+
+
+def _outcome(fn: Callable[[], None]) -> dict[str, str]:
+    subclass_ca.reset()
+    try:
+        fn()
+    except _Skip as skip:
+        return {"status": "skip", "detail": str(skip)}
+    except Exception as error:  # noqa: BLE001 - the outcome being recorded
+        first = (str(error).strip().splitlines() or [""])[0][:160]
+        return {"status": "fail", "detail": f"{type(error).__name__}: {first}"}
+    finally:
+        subclass_ca.reset()
+    return {"status": "pass", "detail": ""}
+
+
+class _Skip(Exception):
+    pass
+
+
+def _close(want: Any, got: Any) -> None:
+    if type(want) is not type(got):
+        raise AssertionError(f"type {type(got).__name__} != eager {type(want).__name__}")
+    parts = (want.__tensor_flatten__()[0] if hasattr(want, "__tensor_flatten__") else [None])
+    for name in parts:
+        a, b = (want, got) if name is None else (getattr(want, name), getattr(got, name))
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+# --- training-style rows ---------------------------------------------------------------
+
+
+def _two_tensor() -> type:
+    cls = _compat.two_tensor_type()
+    if cls is None:
+        raise _Skip("torch.testing._internal.two_tensor is missing")
+    return cls
+
+
+def _linear_with_two_tensor_weight() -> torch.nn.Linear:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4, 4)
+    dense = linear.weight.detach()
+    linear.weight = torch.nn.Parameter(_two_tensor()(dense.clone(), dense * 2))
+    return linear
+
+
+def _compiled_train_step(mode: str | None, flag: bool) -> list[Any]:
+    linear = _linear_with_two_tensor_weight()
+    optimizer = torch.optim.SGD(linear.parameters(), lr=0.1)
+
+    def train_step(x: torch.Tensor) -> torch.Tensor:
+        loss = linear(x).sin().sum()
+        loss.backward()
+        return loss.detach()
+
+    patch = _compat.compiled_autograd_flag() if flag and mode else contextlib.nullcontext()
+    with patch, (_context(mode) if mode else contextlib.nullcontext()):
+        step = torch.compile(train_step, backend=BACKEND) if mode else train_step
+        for index in range(3):
+            step(torch.randn(2, 4, generator=torch.Generator().manual_seed(index)))
+            optimizer.step()
+            optimizer.zero_grad()
+    return [p.detach() for p in linear.parameters()]
+
+
+def _row_compiled_train_step(flag: bool) -> Callable[[str], None]:
+    def run(mode: str) -> None:
+        for want, got in zip(_compiled_train_step(None, flag), _compiled_train_step(mode, flag)):
+            _close(want, got)
+
+    return run
+
+
+def _optimizer_in_backward(mode: str | None) -> list[Any]:
+    linear = _linear_with_two_tensor_weight()
+    optimizers = {p: torch.optim.SGD([p], lr=0.1) for p in linear.parameters()}
+
+    def hook(param: torch.Tensor) -> None:
+        optimizers[param].step()
+        optimizers[param].zero_grad()
+
+    for p in linear.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    forward = torch.compile(lambda x: linear(x).sin().sum(), backend=BACKEND) if mode else (lambda x: linear(x).sin().sum())
+    if mode == "stock":
+        context = _compat.enable_compiled_autograd(lambda gm: torch.compile(gm, backend=BACKEND, fullgraph=False))
+    elif mode:
+        context = subclass_ca.enable(BACKEND, fullgraph=False)
+    else:
+        context = contextlib.nullcontext()
+    with context:
+        for index in range(3):
+            forward(torch.randn(2, 4, generator=torch.Generator().manual_seed(index))).backward()
+    return [p.detach() for p in linear.parameters()]
+
+
+def _row_optimizer_in_backward(mode: str) -> None:
+    for want, got in zip(_optimizer_in_backward(None), _optimizer_in_backward(mode)):
+        _close(want, got)
+
+
+def _row_compiled_adamw_plain_params_subclass_grads(mode: str) -> None:
+    """A compiled AdamW step inside the block: == eager, or torch's own error (never different values)."""
+
+    def train(compiled: str | None) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        dense = torch.randn(4, 4)
+        weight = torch.nn.Parameter(_two_tensor()(dense.clone(), dense * 2))
+        linear = torch.nn.Linear(4, 3)
+        params = [weight, *linear.parameters()]
+        optimizer = torch.optim.AdamW(params, lr=0.1)
+        step = torch.compile(optimizer.step, backend=BACKEND) if compiled else optimizer.step
+        loss_fn = lambda x: linear(x @ weight).sin().sum()  # noqa: E731
+        with _context(compiled) if compiled else contextlib.nullcontext():
+            forward = torch.compile(loss_fn, backend=BACKEND) if compiled else loss_fn
+            for index in range(3):
+                forward(torch.randn(3, 4, generator=torch.Generator().manual_seed(index))).backward()
+                step()
+                optimizer.zero_grad()
+        return [p.detach() for p in params]
+
+    for want, got in zip(train(None), train(mode)):
+        _close(want, got)
+
+
+def _row_retry_after_refused_capture(mode: str) -> None:
+    """Double backward through a compiled region is refused; the retry must give the same refusal."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(_two_tensor()(torch.randn(4, 4), torch.randn(4, 4)))
+    step = torch.compile(lambda x: (x @ weight).sin().sum(), backend=BACKEND)
+    context = _context(mode, report=True) if mode == "subclass_ca" else _stock(BACKEND)
+    with context:
+        for _ in range(2):
+            try:
+                step(torch.randn(3, 4)).backward(create_graph=True)
+            except RuntimeError as error:
+                if "higher order gradients" not in str(error):
+                    raise
+            else:
+                raise AssertionError("double backward was not refused")
+
+
+def _row_nested_jagged(mode: str) -> None:
+    """A nested jagged tensor (variable-length batch) through a compiled forward."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(4, 4))
+    rows = [torch.randn(n, 4) for n in (2, 3, 5)]
+
+    def loss_fn(nested: torch.Tensor) -> torch.Tensor:
+        return (nested @ weight).sin().values().sum()
+
+    nested = torch.nested.nested_tensor(rows, layout=torch.jagged)
+    loss_fn(nested).backward()
+    want, weight.grad = weight.grad, None
+    with _context(mode):
+        torch.compile(loss_fn, backend=BACKEND)(torch.nested.nested_tensor(rows, layout=torch.jagged)).backward()
+    _close(want, weight.grad)
+
+
+EXTRA_ROWS: dict[str, Callable[[str], None]] = {
+    "compiled train step, backward inside (graph break)": _row_compiled_train_step(flag=False),
+    "compiled train step, backward inside (compiled_autograd flag)": _row_compiled_train_step(flag=True),
+    "optimizer-in-backward hooks (fullgraph=False)": _row_optimizer_in_backward,
+    "compiled AdamW over plain params with subclass grads": _row_compiled_adamw_plain_params_subclass_grads,
+    "retry after a refused capture, cache-miss reasons on": _row_retry_after_refused_capture,
+    "nested jagged tensor through a compiled forward": _row_nested_jagged,
+}
+
+
+def _kit_rows() -> dict[str, Callable[[str], dict[str, str]]]:
+    specs = {**ZOO_SPECS, **{k: v for k, v in builtin_specs().items() if k == "two_tensor"}}
+    rows: dict[str, Callable[[str], dict[str, str]]] = {}
+    for subclass in KIT_SUBCLASSES:
+        spec = specs.get(subclass)
+        if spec is None:
+            continue
+        for scenario in scenario_names():
+
+            def run(mode: str, scenario: str = scenario, subclass: str = subclass, spec: Any = spec) -> dict[str, str]:
+                result = run_scenario(
+                    scenario, spec.make_tensor, subclass=subclass, backend=BACKEND, make_variant=spec.make_variant,
+                    make_plain=spec.make_plain, atol=spec.atol, rtol=spec.rtol,
+                    backward_context=_stock if mode == "stock" else None,
+                )
+                detail = (result.reason or "").strip().splitlines()
+                return {"status": result.status, "detail": (detail[0] if detail else "")[:160]}
+
+            rows[f"{subclass}: {scenario}"] = run
+    return rows
+
+
+def _torchao_status() -> str:
+    try:
+        import torchao  # noqa: PLC0415
+    except Exception as error:  # noqa: BLE001
+        return f"not importable ({type(error).__name__})"
+    return str(getattr(torchao, "__version__", "?"))
+
+
+def run_lane(out: Path, *, quick: bool = False) -> dict[str, Any]:
+    rows: dict[str, dict[str, dict[str, str]]] = {}
+    for name, row in EXTRA_ROWS.items():
+        rows[name] = {mode: _outcome(lambda row=row, mode=mode: row(mode)) for mode in MODES}
+        print(f"{name}: " + ", ".join(f"{m}={rows[name][m]['status']}" for m in MODES), flush=True)
+    if not quick:
+        for name, run in _kit_rows().items():
+            rows[name] = {mode: run(mode) for mode in MODES}
+            print(f"{name}: " + ", ".join(f"{m}={rows[name][m]['status']}" for m in MODES), flush=True)
+    lane = {"torch": torch.__version__, "torchao": _torchao_status(), "python": platform.python_version(), "rows": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(lane, indent=1))
+    return lane
+
+
+_SYMBOL = {"pass": "pass", "fail": "**fail**", "skip": "skip"}
+
+
+def render(lanes: Sequence[dict[str, Any]]) -> str:
+    lanes = sorted(lanes, key=lambda lane: [int(p) for p in lane["torch"].split("+")[0].split(".")[:3]])
+    header = ["feature / scenario"] + [f"{lane['torch'].split('+')[0]} {mode}" for lane in lanes for mode in MODES]
+    lines = [
+        "# Support table: torch versions x stock compiled autograd / subclass_ca",
+        "",
+        "Generated by `make versions` (per lane: `python -m subclass_ca versions run --json`; merged by",
+        "`python -m subclass_ca versions render`). Every cell is a real run on CPU with `aot_eager`: values and",
+        "gradient types compared with eager. Failures list their first error line below the table.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    names = list(dict.fromkeys(name for lane in lanes for name in lane["rows"]))
+    notes: list[str] = []
+    for name in names:
+        cells = []
+        for lane in lanes:
+            for mode in MODES:
+                cell = lane["rows"].get(name, {}).get(mode)
+                if cell is None:
+                    cells.append("—")
+                    continue
+                text = _SYMBOL.get(cell["status"], cell["status"])
+                if cell["status"] != "pass" and cell["detail"]:
+                    notes.append(f"{len(notes) + 1}. {name} — torch {lane['torch'].split('+')[0]}, {mode}: {cell['detail']}")
+                    text += f" [{len(notes)}]"
+                cells.append(text)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "torchao per lane: " + "; ".join(f"torch {l['torch'].split('+')[0]}: {l['torchao']}" for l in lanes), ""]
+    if notes:
+        lines += ["## Notes", "", *notes, ""]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m subclass_ca versions", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="run every row on this torch, write one lane's JSON")
+    run_p.add_argument("--json", type=Path, required=True)
+    run_p.add_argument("--quick", action="store_true", help="training-style rows only (no kit battery)")
+    render_p = sub.add_parser("render", help="merge lane JSON files into a markdown table")
+    render_p.add_argument("lanes", nargs="+", type=Path)
+    render_p.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        run_lane(args.json, quick=args.quick)
+        return 0
+    args.out.write_text(render([json.loads(p.read_text()) for p in args.lanes]))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
