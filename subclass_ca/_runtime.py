@@ -23,7 +23,7 @@ import contextlib
 import re
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -250,7 +250,23 @@ class _Entry:
     owner: object
     config: Config
     token: int
-    exits: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    torch_context: Any = None
+    """torch's own ``compiled_autograd._enable`` context, entered."""
+    miss_log: bool = False
+
+    def close(self, exc_info: tuple[Any, Any, Any]) -> bool:
+        """Undo what :func:`enter_block` did, innermost first; every step runs even if one raises."""
+        try:
+            return bool(self.torch_context.__exit__(*exc_info)) if self.torch_context is not None else False
+        finally:
+            try:
+                if self.miss_log:
+                    diagnostics.CACHE_MISS_LOG.release()
+            finally:
+                try:
+                    RUNTIME_PATCHES.release()
+                finally:
+                    _release_process()
 
 
 _local = threading.local()
@@ -329,17 +345,21 @@ def enter_block(owner: object, config: Config, compiler: Callable[..., Any], tok
     """Open one block for ``owner`` in this thread (see Note [enable() blocks and threads])."""
     _compat.require_support()
     _claim_process(owner)
-    entry = _Entry(owner=owner, config=config, token=token)
-    exits = entry.exits
     try:
-        exits.callback(_release_process)
         RUNTIME_PATCHES.acquire()
-        exits.callback(RUNTIME_PATCHES.release)
-        if miss_log:
-            exits.enter_context(diagnostics.cache_miss_logging())
-        exits.enter_context(_compat.enable_compiled_autograd(compiler, dynamic=config.dynamic))
     except BaseException:
-        exits.close()
+        _release_process()
+        raise
+    entry = _Entry(owner=owner, config=config, token=token)
+    try:
+        if miss_log and diagnostics.miss_reasons_available():
+            diagnostics.CACHE_MISS_LOG.acquire()
+            entry.miss_log = True
+        torch_context = _compat.enable_compiled_autograd(compiler, dynamic=config.dynamic)
+        torch_context.__enter__()
+        entry.torch_context = torch_context
+    except BaseException:
+        entry.close((None, None, None))
         raise
     _entries().append(entry)
 
@@ -355,9 +375,9 @@ def exit_block(owner: object, exc_info: tuple[Any, Any, Any]) -> bool:
     while len(entries) > position:
         entry = entries.pop()
         if entry.owner is owner and len(entries) == position:
-            suppressed = bool(entry.exits.__exit__(*exc_info))
+            suppressed = entry.close(exc_info)
         else:
-            entry.exits.__exit__(None, None, None)
+            entry.close((None, None, None))
     if out_of_order:
         raise SubclassCAError(
             f"subclass_ca.enable() blocks exited out of order: an outer block exited while {out_of_order} inner "

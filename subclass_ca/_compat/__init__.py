@@ -27,7 +27,7 @@ from .engine import *  # noqa: F403
 from .fsdp import *  # noqa: F403
 from .workarounds import WORKAROUNDS, Workaround, ca_graph_run_patches, needed_workarounds
 
-TORCH_VERSION: str = torch.__version__
+TORCH_VERSION: str = str(torch.__version__)
 #: The torch releases the suite runs against (one CI lane each).
 TESTED_TORCH: tuple[str, ...] = ("2.13", "2.14", "2.15")
 #: What pyproject.toml admits.
@@ -129,10 +129,15 @@ def _minor(version: str) -> str:
 
 
 _warned_untested: set[str] = set()
+_supported: str | None = None
+"""The torch version already checked (``require_support`` then costs one comparison)."""
 
 
 def require_support() -> None:
     """Raise :class:`UnsupportedTorchError` unless every needed internal exists; warn once on an untested torch."""
+    global _supported
+    if _supported is not None and _supported == TORCH_VERSION and missing_features.cache_info().currsize:
+        return
     missing = missing_features()
     if missing:
         raise UnsupportedTorchError(
@@ -148,6 +153,7 @@ def require_support() -> None:
             "subclass_ca needs is present, so it runs. Compare a few steps against eager before trusting it.",
             stacklevel=3,
         )
+    _supported = version
 
 
 def torch_state_snapshot() -> dict[str, Any]:

@@ -6,7 +6,8 @@ Every change subclass_ca makes to torch's own objects (a method on a class, a fu
 module, a C++ hook) is a :class:`Swap` inside a named :class:`PatchSet`.  A patch set is
 *acquired* by each user (an ``enable()`` block, one run of a compiled CA graph) and *released*
 by it: the first acquire saves the current values and installs the replacements, the last
-release puts the saved objects back, identical (``is``) to what was there.  Acquire and
+release puts the saved objects back, identical (``is``) to what was there.  Replacements are
+built once per original and reused, so a re-install costs a few attribute writes.  Acquire and
 release are counted under one lock, so blocks may nest, re-enter, run in other threads or
 be released in any order; a release without its acquire raises instead of corrupting the
 count.  Nothing else in the package assigns to a torch attribute.
@@ -39,30 +40,36 @@ class Swap:
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
+@dataclass
 class AttributeSwap(Swap):
-    """``owner.name`` (owner found lazily by ``locate``) replaced by ``make(original)``."""
+    """``owner.name`` (owner found lazily by ``locate``, once) replaced by ``make(original)``."""
 
     locate: Callable[[], Any]
     name: str
     make: Callable[[Any], Any]
     own_only: bool = True
     """Read the owner's own ``__dict__`` entry (a class attribute, not an inherited one)."""
+    _owner: Any = None
+
+    def _resolved(self) -> Any:
+        if self._owner is None:
+            self._owner = self.locate()
+        return self._owner
 
     def read(self) -> Any:
-        owner = self.locate()
+        owner = self._resolved()
         if self.own_only and isinstance(owner, type):
             return owner.__dict__[self.name]
         return getattr(owner, self.name)
 
     def write(self, value: Any) -> None:
-        setattr(self.locate(), self.name, value)
+        setattr(self._resolved(), self.name, value)
 
     def replacement(self, original: Any) -> Any:
         return self.make(original)
 
     def describe(self) -> str:
-        owner = self.locate()
+        owner = self._resolved()
         return f"{getattr(owner, '__module__', '')}.{getattr(owner, '__qualname__', getattr(owner, '__name__', owner))}.{self.name}"
 
 
@@ -93,10 +100,13 @@ class PatchSet:
 
     def __init__(self, name: str, swaps: Callable[[], list[Swap]]) -> None:
         self.name = name
-        self._swaps = swaps
+        self._make_swaps = swaps
+        self._swaps: list[Swap] | None = None
         self._lock = threading.RLock()
         self._holders = 0
         self._saved: list[tuple[Swap, Any]] = []
+        self._replacements: dict[int, tuple[Any, Any]] = {}
+        """Per swap: (original, replacement) of the last install, reused while torch's original is unchanged."""
 
     @property
     def holders(self) -> int:
@@ -118,10 +128,17 @@ class PatchSet:
 
     def _install(self) -> None:
         saved: list[tuple[Swap, Any]] = []
+        if self._swaps is None:
+            self._swaps = list(self._make_swaps())
         try:
-            for swap in self._swaps():
+            for index, swap in enumerate(self._swaps):
                 original = swap.read()
-                replacement = swap.replacement(original)
+                cached = self._replacements.get(index)
+                if cached is not None and cached[0] is original:
+                    replacement = cached[1]
+                else:
+                    replacement = swap.replacement(original)
+                    self._replacements[index] = (original, replacement)
                 if replacement is original:
                     continue
                 swap.write(replacement)
