@@ -353,7 +353,7 @@ def enter_block(owner: object, config: Config, compiler: Callable[..., Any], tok
     entry = _Entry(owner=owner, config=config, token=token)
     try:
         if miss_log and diagnostics.miss_reasons_available():
-            diagnostics.CACHE_MISS_LOG.acquire()
+            diagnostics.start_miss_log()
             entry.miss_log = True
         torch_context = _compat.enable_compiled_autograd(compiler, dynamic=config.dynamic)
         torch_context.__enter__()

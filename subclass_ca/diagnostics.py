@@ -217,12 +217,18 @@ _dangling_cache_nodes = False
 
 
 def _make_miss_log(original: Any) -> _CacheMissLog:
-    global _miss_log, _dangling_cache_nodes
+    global _miss_log
+    _miss_log = _CacheMissLog(forward_to=original)
+    return _miss_log
+
+
+def start_miss_log() -> None:
+    """Acquire the cache-miss log; first drop dangling cache nodes a failed capture left behind."""
+    global _dangling_cache_nodes
     if _dangling_cache_nodes:
         _compat.clear_compiled_autograd_cache()
         _dangling_cache_nodes = False
-    _miss_log = _CacheMissLog(forward_to=original)
-    return _miss_log
+    CACHE_MISS_LOG.acquire()
 
 
 def capture_abandoned() -> None:
@@ -267,8 +273,11 @@ def cache_miss_logging() -> Iterator[bool]:
     if not miss_reasons_available():
         yield False
         return
-    with CACHE_MISS_LOG.applied():
+    start_miss_log()
+    try:
         yield True
+    finally:
+        CACHE_MISS_LOG.release()
 
 
 def finish_capture(*, graph_nodes: int, fullgraph: bool, ca_counters: dict[str, int], graph_code: str) -> CaptureReport:
