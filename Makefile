@@ -1,16 +1,29 @@
-# Every target creates .venv and installs on first use (torch pinned: the local CPU wheel).
+# Every target creates its venv and installs on first use. One venv per torch lane:
+#   make test                  -> torch 2.13.0 in .venv (the default lane; the local CPU wheel)
+#   make test TORCH=2.14.1     -> .venv-2.14.1 (local package index)
+#   make test TORCH=2.15.0     -> .venv-2.15.0 (public index; that venv's pip ignores the machine's torch cap)
 PYTHON ?= python3
+TORCH  ?= 2.13.0
+LANES  ?= 2.13.0 2.14.1 2.15.0
+ifeq ($(TORCH),2.13.0)
 VENV   ?= .venv
+else
+VENV   ?= .venv-$(TORCH)
+endif
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.subclass_ca-installed
+# This machine's pip config caps torch at 2.14.1 (/etc/xdg/pip); a newer lane lifts it for its own pip only.
+PIP    := $(if $(filter 2.15.%,$(TORCH)),PIP_CONFIG_FILE=/dev/null,) $(PY) -m pip
 
-.PHONY: setup demo test test-fast bench check clean
+.PHONY: setup demo test test-fast test-lanes bench check versions clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,demo,torchao]'
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==$(TORCH)
+	$(PIP) install -q -e '.[test,demo,torchao]'
+	@# installing subclass_ca must never replace the lane's torch (pyproject admits >=2.13,<2.16)
+	$(PY) -c "import sys, torch; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '$(TORCH)' else f'installing subclass_ca changed torch $(TORCH) -> {v}')"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -22,7 +35,10 @@ test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not inductor and not distributed and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not inductor and not distributed and not slow" $(PYTEST_ARGS)
+
+test-lanes:
+	set -e; for torch in $(LANES); do $(MAKE) --no-print-directory test TORCH=$$torch; done
 
 bench: $(STAMP)
 	$(PY) -m subclass_ca bench $(BENCH_ARGS)
@@ -30,5 +46,12 @@ bench: $(STAMP)
 check: $(STAMP)
 	$(PY) -m subclass_ca check $(CHECK_ARGS)
 
+# the support table (docs/versions.md) from real runs on every lane
+versions:
+	set -e; for torch in $(LANES); do $(MAKE) --no-print-directory setup TORCH=$$torch; \
+	  venv=$$( [ $$torch = 2.13.0 ] && echo .venv || echo .venv-$$torch ); \
+	  $$venv/bin/python -m subclass_ca versions run --json build/versions/$$torch.json; done
+	$(PY) -m subclass_ca versions render build/versions/*.json --out docs/versions.md
+
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache
+	rm -rf .venv .venv-* demo-out .pytest_cache build

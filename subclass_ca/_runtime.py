@@ -364,6 +364,29 @@ def enter_block(owner: object, config: Config, compiler: Callable[..., Any], tok
     _entries().append(entry)
 
 
+_NESTED_JAGGED_REFUSAL = "NestedTensor support not implemented"
+
+
+def _translated(error: BaseException | None) -> SubclassCAError | None:
+    """Our clear error for a torch refusal that escapes a block, or None (Note [Known torch refusals])."""
+    if isinstance(error, NotImplementedError) and _NESTED_JAGGED_REFUSAL in str(error):
+        return UnsupportedSubclassError(
+            "nested jagged tensors (NJT, torch.nested with layout=torch.jagged) cannot be captured by compiled "
+            "autograd in this torch: its C++ graph walk refuses nested tensors before anything runs, so no "
+            "gradient was produced (stock compiled autograd refuses the same way). Run this backward outside "
+            "subclass_ca.enable() (a torch.compile-d forward with an eager backward trains NJT correctly)."
+        )
+    return None
+
+
+# Note [Known torch refusals]
+# ---------------------------
+# Some backwards are refused by torch's own compiled autograd with an error that does not say
+# what to do (e.g. nested jagged tensors: ``NotImplementedError: NestedTensor support not
+# implemented`` from the C++ graph walk, before any node runs).  When such an error leaves an
+# ``enable()`` block, the block re-raises it as the matching SubclassCAError, chained to torch's.
+
+
 def exit_block(owner: object, exc_info: tuple[Any, Any, Any]) -> bool:
     """Close ``owner``'s innermost block in this thread; inner blocks left open are closed first."""
     entries = _entries()
@@ -384,6 +407,9 @@ def exit_block(owner: object, exc_info: tuple[Any, Any, Any]) -> bool:
             "block(s) were still open. subclass_ca closed them first and restored torch's state; their own exits "
             "do nothing now. Exit blocks in the reverse order of entering (use `with` statements)."
         )
+    translated = None if suppressed else _translated(exc_info[1])
+    if translated is not None:
+        raise translated from exc_info[1]
     return suppressed
 
 
