@@ -68,12 +68,12 @@ def recipe_from_meta(meta: _compat.CreationMeta, base: int) -> Recipe:
     own_start = meta.start - base
     index = own_start
     for attr, inner in meta.attrs:
-        if inner is not None:
+        if isinstance(inner, _compat.CreationMeta):
             parts.append((attr, recipe_from_meta(inner, base)))
             index += inner.arg_count
-        else:
+        else:  # a plain inner tensor, followed by its own symints on torch >= 2.14
             parts.append((attr, index))
-            index += 1
+            index += inner
     key = (
         handler,
         subclass_type,

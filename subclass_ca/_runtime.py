@@ -195,7 +195,7 @@ class CACompiler:
         self._compile_graph = compile_graph
         self._raw = raw
 
-    def __call__(self, graph_module: torch.fx.GraphModule) -> Any:
+    def _capture(self, graph_module: torch.fx.GraphModule) -> Any:
         steal_subclass_accumulates(graph_module)  # Note [Subclass gradients and AccumulateGrad]
         nodes = subclass_nodes(graph_module.graph)
         config = self.subclass_ca_config
@@ -211,6 +211,9 @@ class CACompiler:
         if self._raw and self._compile_graph is not None:
             return self._compile_graph(graph_module)
         return CompiledCAGraph(graph_module, config, fullgraph, report, self._compile_graph)
+
+    # Note [Capture code is never traced] (_compat/compiled_autograd.py)
+    __call__ = _compat.dynamo_disable(_capture)
 
 
 # --- cache tokens (Note [Keeping CA caches apart] in _compat/compiled_autograd.py) -----

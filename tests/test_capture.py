@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch._dynamo.testing
 
 import subclass_ca
 from subclass_ca import _compat, _nodes, _runtime
@@ -215,7 +216,8 @@ def test_nested_subclass_activation_grads_with_changing_batch_match_eager():
     torch.manual_seed(0)
     dense_w = torch.randn(4, 4)
     w = torch.nn.Parameter(make_nested_pair(dense_w))
-    step = torch.compile(lambda x: (x @ w).tanh().sum(), backend="aot_eager")
+    forward_compiles = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    step = torch.compile(lambda x: (x @ w).tanh().sum(), backend=forward_compiles)
     for batch in (3, 5, 7, 9):
         dense_x = torch.randn(batch, 4)
         eager_x = make_nested_pair(dense_x).requires_grad_()
@@ -227,6 +229,10 @@ def test_nested_subclass_activation_grads_with_changing_batch_match_eager():
             step(x).backward()
         assert_same_grad(eager_x.grad, x.grad)
         assert_same_grad(eager_w.grad, w.grad)
-    # one capture for the static first batch, one dynamic capture for all later batches
-    assert torch._dynamo.utils.counters["compiled_autograd"]["captures"] == 2
+    # one capture per forward graph: static first batch + one dynamic graph on torch 2.13; torch
+    # 2.14/2.15's AOT specialises a nested subclass's batch dim (subclass_utils._safe_metadata_eq
+    # guards on backed symbols), so the forward (and stock CA) recompile per batch there
+    forward_graphs = forward_compiles.frame_count
+    assert forward_graphs in (2, 4)
+    assert torch._dynamo.utils.counters["compiled_autograd"]["captures"] == forward_graphs
     assert subclass_ca.last_report().nodes_for("PairTensor") == 2

@@ -78,6 +78,19 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
         "torch._subclasses.meta_utils:_grad_context_compatible",
         "the pytorch#186427 workaround is not applied (its probe finds nothing to fix)",
     ),
+    "fake-tensor meta conversion": (
+        "torch._subclasses.meta_utils:MetaConverter.meta_tensor",
+        "the torch 2.14/2.15 static-context workaround is not applied",
+    ),
+    "Dynamo attribute source": ("torch._dynamo.source:AttrSource", "the torch 2.14/2.15 static-context workaround is not applied"),
+    "AOT plain tensor metadata": (
+        "torch._functorch._aot_autograd.schemas:PlainTensorMeta",
+        "the torch 2.14/2.15 static-context workaround is not applied",
+    ),
+    "symbolic contexts": (
+        "torch.fx.experimental.symbolic_shapes:SubclassSymbolicContext",
+        "the torch-side workarounds are not applied",
+    ),
     "inductor config": ("torch._inductor:config", "benchmarks cannot switch off the FX-graph cache when timing compiles"),
     "reference TwoTensor": ("torch.testing._internal.two_tensor:TwoTensor", "no built-in TwoTensor handler"),
 }

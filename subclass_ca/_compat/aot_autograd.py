@@ -48,8 +48,10 @@ class CreationMeta:
     """Index of its first flat argument among the backward outputs."""
     arg_count: int
     """Flat arguments it owns: inner tensors (recursively) then symints of symbolic outer dims."""
-    attrs: tuple[tuple[str, CreationMeta | None], ...]
-    """Flatten attributes in order: nested metadata for an inner subclass, None for a plain tensor."""
+    attrs: tuple[tuple[str, CreationMeta | int], ...]
+    """Flatten attributes in order: nested metadata for an inner subclass, else the number of flat
+    slots the plain inner occupies (torch 2.13: 1; torch >= 2.14: 1 + its own size/stride symints,
+    ``PlainTensorMeta.arg_count``)."""
     outer_size: tuple[Any, ...]
     outer_stride: tuple[Any, ...]
     ctx: Any
@@ -61,7 +63,8 @@ def creation_meta(meta: Any) -> CreationMeta:
     """Read one ``SubclassCreationMeta`` (recursively) into :class:`CreationMeta`."""
     creation_cls = lookup(SCHEMAS + ":SubclassCreationMeta")
     attrs = tuple(
-        (name, creation_meta(inner) if isinstance(inner, creation_cls) else None) for name, inner in meta.attrs.items()
+        (name, creation_meta(inner) if isinstance(inner, creation_cls) else _plain_slots(inner))
+        for name, inner in meta.attrs.items()
     )
     return CreationMeta(
         start=meta.flat_tensor_start_idx,
@@ -72,6 +75,12 @@ def creation_meta(meta: Any) -> CreationMeta:
         ctx=meta.meta,
         subclass_type=meta.original_subclass_type or type(meta.original_subclass),
     )
+
+
+def _plain_slots(meta: Any) -> int:
+    """Flat slots of a non-subclass inner meta (PlainTensorMeta / OpaqueMeta): feature-detected ``arg_count``."""
+    count = getattr(meta, "arg_count", 1)
+    return count if isinstance(count, int) else 1
 
 
 def has_subclass_grads(ctx: Any) -> bool:

@@ -11,6 +11,7 @@ import torch
 
 from ._lookup import lookup
 from ._patch import AttributeSwap, CallSwap
+from .dynamo import dynamo_disable
 
 __all__ = [
     "CA_MODULE",
@@ -118,7 +119,7 @@ def capture_watch_swaps(on_abandoned: Callable[[], None]) -> list[AttributeSwap]
                 self.close = close_and_report
             return original(self, *args, **kwargs)
 
-        return begin_capture
+        return dynamo_disable(begin_capture)  # Note [Capture code is never traced]
 
     def make_end(original: Any) -> Any:
         @functools.wraps(original)
@@ -127,7 +128,7 @@ def capture_watch_swaps(on_abandoned: Callable[[], None]) -> list[AttributeSwap]
             self.__dict__.pop(_CAPTURING, None)  # reached only when the capture succeeded
             return result
 
-        return end_capture
+        return dynamo_disable(end_capture)  # Note [Capture code is never traced]
 
     locate = lambda: lookup(COMPILER_INSTANCE)  # noqa: E731
     return [AttributeSwap(locate, "begin_capture", make_begin), AttributeSwap(locate, "end_capture", make_end)]
@@ -191,8 +192,14 @@ def aot_backward_swap(wrapper: Callable[..., Any]) -> AttributeSwap:
             bound = signature.bind(compiler, *args, **kwargs)
             return wrapper(compiler, bound.arguments["ctx"], lambda: original(compiler, *args, **kwargs))
 
-        proxy_call_aot_backward.__subclass_ca_original__ = original  # type: ignore[attr-defined]
-        return proxy_call_aot_backward
+        # Note [Capture code is never traced]: inside a torch.compile-d train step that calls
+        # backward(), Dynamo's frame callback is still active while compiled autograd captures, so
+        # it would compile our capture-time Python as user frames, with guards that can reuse one
+        # subclass output's argument slice for the next one.  Every entry point torch calls into
+        # during a capture is therefore dynamo.disable-d.
+        disabled = dynamo_disable(proxy_call_aot_backward)
+        disabled.__subclass_ca_original__ = original  # type: ignore[attr-defined]
+        return disabled
 
     return AttributeSwap(lambda: lookup(COMPILER_INSTANCE), "proxy_call_aot_backward", make)
 

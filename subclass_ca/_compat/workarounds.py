@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import threading
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,14 @@ from typing import Any
 from ._lookup import lookup
 from ._patch import AttributeSwap, PatchSet
 
-__all__ = ["Workaround", "WORKAROUNDS", "GRAD_CONTEXT", "needed_workarounds", "ca_graph_run_patches"]
+__all__ = [
+    "Workaround",
+    "WORKAROUNDS",
+    "GRAD_CONTEXT",
+    "GRAD_STATIC_CONTEXT",
+    "needed_workarounds",
+    "ca_graph_run_patches",
+]
 
 SCOPES = ("ca-graph-run",)
 
@@ -44,6 +52,8 @@ class Workaround:
     probe: Callable[[], bool]
     """True when this torch has the bug (the workaround is installed only then)."""
     patches: PatchSet
+    stock_error: str
+    """A regex of the error stock compiled autograd raises where this workaround applies."""
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
@@ -118,6 +128,7 @@ GRAD_CONTEXT = Workaround(
     upstream="pytorch/pytorch#186427",
     scope="ca-graph-run",
     probe=_grad_context_bug,
+    stock_error="Expected SubclassSymbolicContext or None",
     patches=PatchSet(
         "grad-context workaround",
         lambda: [AttributeSwap(lambda: importlib.import_module(_META_UTILS), "_grad_context_compatible",
@@ -125,7 +136,97 @@ GRAD_CONTEXT = Workaround(
     ),
 )
 
-WORKAROUNDS: tuple[Workaround, ...] = (GRAD_CONTEXT,)
+def _plain_meta_has_inner_symints() -> bool:
+    """torch >= 2.14: plain inner tensors of a subclass carry their own symints in AOT's flat layout."""
+    try:
+        plain = lookup("torch._functorch._aot_autograd.schemas:PlainTensorMeta")
+    except (ImportError, AttributeError):
+        return False
+    return "size_symbol_placeholders" in getattr(plain, "__dataclass_fields__", {})
+
+
+def _grad_dynamic_context_bug() -> bool:
+    """True where a subclass ``.grad`` of a plain tensor is fakeified all-dynamic *and* AOT flattens inner symints.
+
+    torch 2.14/2.15 fixed the 2.13 bug by giving such a ``.grad`` a fresh all-dynamic context
+    (``all_dynamic_symbolic_context``).  When the CA graph then accumulates in place into that
+    ``.grad`` (a mutated subclass input), AOT's output metadata for the mutation counts no inner
+    symints while the traced graph returns them, and the generated subclass wrapper raises
+    ``expected N wrapped outputs, got M`` (seen through Dynamo as ``Attempt to trace generator``).
+    """
+    if _grad_context_bug() or not _plain_meta_has_inner_symints():
+        return False
+    try:
+        converter = lookup(_META_UTILS + ":MetaConverter")
+        lookup("torch.fx.experimental.symbolic_shapes:SubclassSymbolicContext")
+        lookup("torch._dynamo.source:AttrSource")
+    except (ImportError, AttributeError):
+        return False
+    return callable(getattr(converter, "meta_tensor", None))
+
+
+_meta_parents = threading.local()
+
+
+def _static_context(desc: Any, source: Any) -> Any:
+    """A symbolic context with every (outer and inner) dim static for the tensor described by ``desc``."""
+    symbolic_shapes = importlib.import_module("torch.fx.experimental.symbolic_shapes")
+    attr_source = lookup("torch._dynamo.source:AttrSource")
+    static = symbolic_shapes.DimDynamic.STATIC
+    if getattr(desc, "is_traceable_wrapper_subclass", False):
+        inner = {attr: _static_context(d, attr_source(source, attr)) for attr, d in (desc.attrs or {}).items()}
+        return symbolic_shapes.SubclassSymbolicContext(
+            dynamic_sizes=[static] * desc.ndim, constraint_sizes=[None] * desc.ndim,
+            inner_contexts=inner, tensor_source=source,
+        )
+    return symbolic_shapes.StatelessSymbolicContext(dynamic_sizes=[static] * desc.ndim, constraint_sizes=[None] * desc.ndim)
+
+
+def _patched_meta_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def meta_tensor(self: Any, t: Any, shape_env: Any, callback: Any, source: Any, symbolic_context: Any) -> Any:
+        stack = getattr(_meta_parents, "stack", None)
+        if stack is None:
+            stack = _meta_parents.stack = []
+        parent = stack[-1] if stack else None
+        if (
+            shape_env is not None
+            and parent is not None
+            and getattr(parent, "grad", None) is t
+            and not getattr(parent, "is_traceable_wrapper_subclass", False)
+            and getattr(t, "is_traceable_wrapper_subclass", False)
+            and getattr(source, "member", None) == "grad"
+        ):
+            # the subclass .grad of a plain tensor: static like the parameter it belongs to
+            symbolic_context = _static_context(t, source)
+        stack.append(t)
+        try:
+            return original(self, t, shape_env, callback, source, symbolic_context)
+        finally:
+            stack.pop()
+
+    meta_tensor.__subclass_ca_original__ = original  # type: ignore[attr-defined]
+    return meta_tensor
+
+
+GRAD_STATIC_CONTEXT = Workaround(
+    name="meta_utils.MetaConverter.meta_tensor",
+    fixes=(
+        "on torch 2.14/2.15, accumulating into a plain tensor's subclass .grad (2nd backward with "
+        "retain_graph=True, gradient accumulation) fails compiling the CA graph: 'expected N wrapped outputs, "
+        "got M' / 'Attempt to trace generator'; the workaround gives that .grad a static symbolic context"
+    ),
+    upstream="none filed yet (torch 2.14/2.15 regression after pytorch/pytorch#186427)",
+    scope="ca-graph-run",
+    probe=_grad_dynamic_context_bug,
+    stock_error="wrapped outputs|Attempt to trace generator",
+    patches=PatchSet(
+        "grad static-context workaround",
+        lambda: [AttributeSwap(lambda: lookup(_META_UTILS + ":MetaConverter"), "meta_tensor", _patched_meta_tensor)],
+    ),
+)
+
+WORKAROUNDS: tuple[Workaround, ...] = (GRAD_CONTEXT, GRAD_STATIC_CONTEXT)
 """Every torch-side workaround subclass_ca knows (installed only where its probe says so)."""
 
 

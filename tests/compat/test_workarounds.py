@@ -29,7 +29,7 @@ def test_every_workaround_declares_what_where_and_why():
 
 def test_a_workaround_scope_must_be_known():
     with pytest.raises(ValueError, match="scope"):
-        _compat.Workaround(name="x", fixes="y", upstream="z", scope="everywhere", probe=lambda: True,
+        _compat.Workaround(name="x", fixes="y", upstream="z", scope="everywhere", probe=lambda: True, stock_error="e",
                            patches=_compat.PatchSet("x", list))
 
 
