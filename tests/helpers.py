@@ -28,7 +28,8 @@ def assert_same_grad(expected: Any, actual: Any, *, exact: bool = True) -> None:
     if expected is None:
         return
     assert actual.shape == expected.shape and actual.dtype == expected.dtype and actual.device == expected.device
-    tolerance = {"atol": 0, "rtol": 0} if exact else {}
+    # not exact: inductor reassociates float sums; over several optimizer steps that reaches ~1e-5
+    tolerance = {"atol": 0, "rtol": 0} if exact else {"atol": 1e-4, "rtol": 1e-4}
     expected_parts, actual_parts = inner_tensors(expected), inner_tensors(actual)
     assert len(expected_parts) == len(actual_parts)
     for want, got in zip(expected_parts, actual_parts):
