@@ -158,6 +158,9 @@ class CompiledCAGraph:
 def _graph_break_error(error: BaseException) -> GraphBreakError:
     text = str(error).strip()
     reason = text.splitlines()[0] if text else type(error).__name__
+    explanation = re.search(r"^\s*Explanation: (.+)$", text, re.MULTILINE)
+    if explanation:
+        reason = f"{reason} ({explanation.group(1).strip().split('. ')[0].rstrip('.')})"
     user_code = text.split("from user code:", 1)[1] if "from user code:" in text else ""
     hook_kind = re.search(r"hook_type = '(\w+)'", user_code)
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', user_code)
@@ -167,6 +170,14 @@ def _graph_break_error(error: BaseException) -> GraphBreakError:
         path, line, name = own[0]
         kind = f"{hook_kind.group(1)} " if hook_kind else ""
         where = f" It is needed by the {kind}{name} ({path.rsplit('/', 1)[-1]}:{line})."
+    elif "call_backward" in user_code and frames:
+        path, line, name = frames[-1]
+        where = (
+            f" It is in the backward of a torch.autograd.Function the backward graph calls "
+            f"(torch/{path.split('/torch/', 1)[-1]}:{line}, in {name}); DTensor's to_local/full_tensor, from_local "
+            "and redistribute put theirs there when they run outside the compiled forward (e.g. a loss written on "
+            "DTensors after the compiled model): compiling that code with the model avoids the break."
+        )
     return GraphBreakError(
         f"the backward graph needs a graph break, which fullgraph=True (the default) refuses: {reason}.{where} "
         "No gradient was produced. This is typical of hooks that run Python Dynamo cannot trace (e.g. an "
@@ -229,6 +240,7 @@ def _cache_key(config: Config) -> tuple[Any, ...]:
         config.dynamic,
         config.strict,
         config.on_unsupported,
+        config.fullgraph,
     )
 
 

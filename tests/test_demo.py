@@ -42,7 +42,7 @@ def test_quick_demo_in_a_subprocess_writes_table_json_and_png(tmp_path: Path):
     assert all(row[-1] == "ok" for row in table_rows), out
     # the capture report is printed at the end
     assert "[pair] subclass_ca:" in out and "2 x make_subclass PairTensor [proxy]" in out
-    assert "cache miss: Cache miss due to" in out
+    assert "cache-miss reason: not collected" in out  # collected only when asked for (report=True)
 
     results = json.loads((tmp_path / "results.json").read_text())
     tolerance = results["config"]["tolerance"]

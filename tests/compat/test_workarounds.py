@@ -93,5 +93,17 @@ def test_grad_context_workaround_does_not_leak_into_a_users_compiled_optimizer_s
         assert "SubclassSymbolicContext" in str(error), error  # torch's own refusal, as stock gives
         assert workaround.patches.holders == 0
     else:
+        mismatch = [not torch.allclose(got, want, atol=1e-5, rtol=1e-5) for want, got in zip(eager, ours)]
+        if any(mismatch):
+            # is it ours? the same compiled step with no subclass_ca anywhere
+            plain, plain_error = _compiled_adamw_run(inside_enable=False, compiled_step=True)
+            torch_alone_wrong = plain_error is None and all(
+                torch.equal(a, b) for a, b in zip(plain, ours)
+            )
+            if torch_alone_wrong:
+                pytest.xfail(
+                    f"torch {torch.__version__} compiles this AdamW step to wrong values without subclass_ca too "
+                    "(no workaround involved): a torch bug, see docs/training_styles.md"
+                )
         for want, got in zip(eager, ours):
             torch.testing.assert_close(got, want)
