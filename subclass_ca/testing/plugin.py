@@ -71,13 +71,12 @@ def ca_matches_eager(
     saved_grads = [leaf.grad for leaf in leaves]
 
     def run(compiled: bool) -> dict[str, Any]:
-        copies = inputs
         for leaf in leaves:
             leaf.grad = None
         subclass_ca.reset()
         try:
             call = torch.compile(fn, backend=backend) if compiled else fn
-            out = call(*copies)
+            out = call(*inputs)
             if compiled:
                 with subclass_ca.enable(backend):
                     out.backward(gradient)
@@ -86,7 +85,7 @@ def ca_matches_eager(
         finally:
             subclass_ca.reset()
         grads = {
-            f"inputs[{i}].grad": c.grad for i, c in enumerate(copies) if isinstance(c, torch.Tensor) and c.requires_grad
+            f"inputs[{i}].grad": c.grad for i, c in enumerate(inputs) if isinstance(c, torch.Tensor) and c.requires_grad
         }
         return snapshot({"out": out.detach(), **grads})
 
