@@ -254,6 +254,7 @@ def run_scenario(
     rtol: float | None = None,
     known_failure: str | None = None,
     backward_context: Callable[[str], Any] | None = None,
+    capture_count: Callable[[], int] | None = None,
 ) -> ScenarioResult:
     """Run one scenario eagerly and under subclass_ca; never raises for a scenario failure.
 
@@ -291,6 +292,7 @@ def run_scenario(
         subclass_ca.reset()
 
     before = _newest_capture_index()
+    captures_before = capture_count() if capture_count is not None else 0
     try:
         ca = _run_program(scenario, make_tensor, make_variant, make_plain, torch_device, "ca", backend, backward_context)
         error_text = None
@@ -298,8 +300,9 @@ def run_scenario(
         ca, error_text = None, _error_text(error)
     finally:
         new_reports = [r for r in subclass_ca.reports() if r.capture_index > before]
+        captured = capture_count() - captures_before if capture_count is not None else len(new_reports)
         subclass_ca.reset()
-    compiles = len(new_reports)
+    compiles = captured
     nodes = sum(r.total_subclass_nodes for r in new_reports)
     stats = dict(ca_compiles=compiles, subclass_nodes=nodes)
 
