@@ -76,10 +76,15 @@ class CompiledCAGraph:
     def _call_with_workarounds(self, *args: Any, **kwargs: Any) -> Any:
         if not self._workarounds:
             return self._call(*args, **kwargs)
-        with contextlib.ExitStack() as stack:
+        acquired = []
+        try:
             for patches in self._workarounds:
-                stack.enter_context(patches.applied())
+                patches.acquire()
+                acquired.append(patches)
             return self._call(*args, **kwargs)
+        finally:
+            for patches in reversed(acquired):
+                patches.release()
 
     # The wrapper itself is never traced: inside a torch.compile-d train step (flag style) Dynamo's
     # frame callback is active while compiled autograd runs this graph; the compiled graph inside
