@@ -21,13 +21,11 @@ False and the summary says so.  Dynamo-level recompiles *of* one CA graph (guard
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,19 +263,6 @@ def miss_reasons_available() -> bool:
 def miss_reasons_requested() -> bool:
     """Cache-miss reasons are collected only when asked for: ``report=True`` or ``SUBCLASS_CA_LOG=info|debug``."""
     return logger.isEnabledFor(logging.INFO)
-
-
-@contextlib.contextmanager
-def cache_miss_logging() -> Iterator[bool]:
-    """Collect compiled autograd's cache-miss reasons while active (re-entrant; yields availability)."""
-    if not miss_reasons_available():
-        yield False
-        return
-    start_miss_log()
-    try:
-        yield True
-    finally:
-        CACHE_MISS_LOG.release()
 
 
 def finish_capture(*, graph_nodes: int, fullgraph: bool, ca_counters: dict[str, int], graph_code: str) -> CaptureReport:
