@@ -100,6 +100,8 @@ def check_supported(owners: Sequence[Any]) -> None:
 def prepare(graph: Any, args: Sequence[Any]) -> list[Any]:
     """Before a CA graph runs: detect FSDP2 hooks, check support, allow graph breaks; the FSDP2 states found."""
     hooks = args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else ()
+    if not hooks or not _compat.fsdp2_loaded():  # the steady-state fast path
+        return []
     owners = hook_owners(hooks)
     if not owners:
         return []

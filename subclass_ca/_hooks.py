@@ -28,7 +28,7 @@ __all__ = ["trace_wrapped_swaps"]
 # trace_wrapped and subclass ...") and the forward fails to compile.
 #
 # :func:`subclass_trace_wrapped` (swapped in for Dynamo's ``trace_wrapped`` only inside
-# ``enable()``, :func:`trace_wrapped_swaps`) desugars the subclass the same way our
+# ``enable()`` blocks, :func:`trace_wrapped_swaps`) desugars the subclass the same way our
 # epilogue does: the HOP gets the gradient's plain inner tensors, so the AOT backward graph
 # stays plain; at CA time Dynamo inlines :func:`_hook_on_rebuilt`, which rebuilds the
 # gradient through the named ``subclass_ca_make_<Type>`` node (a recipe like any other),
@@ -135,9 +135,8 @@ _original_trace_wrapped: Any = None
 
 def _replacement(original: Any) -> Any:
     global _original_trace_wrapped
-    if original is not subclass_trace_wrapped:
-        _original_trace_wrapped = original
-    return subclass_trace_wrapped
+    _original_trace_wrapped = original
+    return _compat.gated(_compat.BLOCKS, original, subclass_trace_wrapped)
 
 
 def trace_wrapped_swaps() -> list[_compat.Swap]:

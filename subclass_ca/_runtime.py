@@ -23,7 +23,6 @@ import contextlib
 import re
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -65,7 +64,10 @@ class CompiledCAGraph:
         self._checked = not fullgraph or not subclass_nodes(graph_module.graph)
         self._graph_breaks_allowed = not fullgraph
         self._workarounds = _compat.ca_graph_run_patches()
+        for patches in self._workarounds:  # resident, acting only inside CA_GRAPH_RUN (Note [Workaround scopes])
+            patches.install()
         self._first_run = True
+        self._untraced_call = _compat.dynamo_disable(self._call_in_scope)
 
     def _compile(self, fullgraph: bool) -> Any:
         if self._compile_graph is not None:  # the compiler of a torch.compile-d train step (flag style)
@@ -73,23 +75,24 @@ class CompiledCAGraph:
         config = self._config
         return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
 
-    def _call_with_workarounds(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The wrapper itself is never traced: inside a torch.compile-d train step Dynamo's frame
+        # callback is active while compiled autograd runs this graph, so the run goes through
+        # dynamo.disable there (the compiled graph inside still runs compiled: its own torch.compile
+        # context re-enables Dynamo for its frame).  Elsewhere no callback is set and the direct
+        # call is the same thing, minus the disable wrapper's cost.
+        if _compat.inside_dynamo_frame():
+            return self._untraced_call(*args, **kwargs)
+        return self._call_in_scope(*args, **kwargs)
+
+    def _call_in_scope(self, *args: Any, **kwargs: Any) -> Any:
         if not self._workarounds:
             return self._call(*args, **kwargs)
-        acquired = []
+        _compat.CA_GRAPH_RUN.enter()
         try:
-            for patches in self._workarounds:
-                patches.acquire()
-                acquired.append(patches)
             return self._call(*args, **kwargs)
         finally:
-            for patches in reversed(acquired):
-                patches.release()
-
-    # The wrapper itself is never traced: inside a torch.compile-d train step (flag style) Dynamo's
-    # frame callback is active while compiled autograd runs this graph; the compiled graph inside
-    # still runs compiled (its own torch.compile context re-enables Dynamo for its frame).
-    __call__ = _compat.dynamo_disable(_call_with_workarounds)
+            _compat.CA_GRAPH_RUN.exit()
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
         # Note [FSDP2 under compiled autograd] in _fsdp2.py: detect FSDP2 hooks before the graph
@@ -210,6 +213,14 @@ class CACompiler:
         self.subclass_ca_config = config
         self._compile_graph = compile_graph
         self._raw = raw
+        self._factory: Any = None
+
+    @property
+    def factory(self) -> Any:
+        """What C++ autograd is handed while this compiler is active (built once, not per block)."""
+        if self._factory is None:
+            self._factory = _compat.compiler_factory(self)
+        return self._factory
 
     def _capture(self, graph_module: torch.fx.GraphModule) -> Any:
         steal_subclass_accumulates(graph_module)  # Note [Subclass gradients and AccumulateGrad]
@@ -265,26 +276,32 @@ def cache_token(config: Config, *, raw: bool = False) -> int:
 # --- blocks (Note [enable() blocks and threads]) ----------------------------------
 
 
-@dataclass(eq=False)
 class _Entry:
-    owner: object
-    config: Config
-    token: int
-    torch_context: Any = None
-    """torch's own ``compiled_autograd._enable`` context, entered."""
-    miss_log: bool = False
+    """One open block: what :func:`enter_block` acquired, released by :meth:`close`."""
+
+    __slots__ = ("owner", "config", "token", "activation", "in_scope", "miss_log")
+
+    def __init__(self, owner: object, config: Config, token: int) -> None:
+        self.owner = owner
+        self.config = config
+        self.token = token
+        self.activation: _compat.Activation | None = None
+        """torch's compiled autograd, turned on (Note [Entering compiled autograd without a generator])."""
+        self.in_scope = False
+        self.miss_log = False
 
     def close(self, exc_info: tuple[Any, Any, Any]) -> bool:
         """Undo what :func:`enter_block` did, innermost first; every step runs even if one raises."""
         try:
-            return bool(self.torch_context.__exit__(*exc_info)) if self.torch_context is not None else False
+            return _compat.deactivate(self.activation, exc_info) if self.activation is not None else False
         finally:
             try:
                 if self.miss_log:
                     diagnostics.CACHE_MISS_LOG.release()
             finally:
                 try:
-                    RUNTIME_PATCHES.release()
+                    if self.in_scope:
+                        _compat.BLOCKS.exit()
                 finally:
                     _release_process()
 
@@ -333,8 +350,9 @@ RUNTIME_PATCHES = _compat.PatchSet(
         *trace_wrapped_swaps(),
         *_compat.capture_watch_swaps(diagnostics.capture_abandoned),
     ],
+    resident=True,
 )
-"""What the runtime changes in torch while any block is active (Note [One patcher] in ``_compat/_patch.py``)."""
+"""What the runtime changes in torch; resident, acting only while a block is open (Note [Resident patches])."""
 
 
 def _claim_process(owner: object) -> None:
@@ -361,23 +379,19 @@ def _release_process() -> None:
             _owner_thread = None
 
 
-def enter_block(owner: object, config: Config, compiler: Callable[..., Any], token: int, *, miss_log: bool) -> None:
+def enter_block(owner: object, config: Config, compiler: CACompiler, token: int, *, miss_log: bool) -> None:
     """Open one block for ``owner`` in this thread (see Note [enable() blocks and threads])."""
     _compat.require_support()
     _claim_process(owner)
+    entry = _Entry(owner, config, token)
     try:
-        RUNTIME_PATCHES.acquire()
-    except BaseException:
-        _release_process()
-        raise
-    entry = _Entry(owner=owner, config=config, token=token)
-    try:
+        RUNTIME_PATCHES.install()
+        _compat.BLOCKS.enter()
+        entry.in_scope = True
         if miss_log and diagnostics.miss_reasons_available():
             diagnostics.start_miss_log()
             entry.miss_log = True
-        torch_context = _compat.enable_compiled_autograd(compiler, dynamic=config.dynamic)
-        torch_context.__enter__()
-        entry.torch_context = torch_context
+        entry.activation = _compat.activate(compiler, compiler.factory, dynamic=config.dynamic)
     except BaseException:
         entry.close((None, None, None))
         raise
@@ -410,27 +424,26 @@ def _translated(error: BaseException | None) -> SubclassCAError | None:
 def exit_block(owner: object, exc_info: tuple[Any, Any, Any]) -> bool:
     """Close ``owner``'s innermost block in this thread; inner blocks left open are closed first."""
     entries = _entries()
+    if entries and entries[-1].owner is owner:  # the usual case: the innermost block exits
+        suppressed = entries.pop().close(exc_info)
+        if suppressed or exc_info[1] is None:
+            return suppressed
+        translated = _translated(exc_info[1])
+        if translated is not None:
+            raise translated from exc_info[1]
+        return False
     position = next((i for i in range(len(entries) - 1, -1, -1) if entries[i].owner is owner), None)
     if position is None:
         return False  # already closed by an out-of-order exit of an outer block
     out_of_order = len(entries) - 1 - position
-    suppressed = False
     while len(entries) > position:
         entry = entries.pop()
-        if entry.owner is owner and len(entries) == position:
-            suppressed = entry.close(exc_info)
-        else:
-            entry.close((None, None, None))
-    if out_of_order:
-        raise SubclassCAError(
-            f"subclass_ca.enable() blocks exited out of order: an outer block exited while {out_of_order} inner "
-            "block(s) were still open. subclass_ca closed them first and restored torch's state; their own exits "
-            "do nothing now. Exit blocks in the reverse order of entering (use `with` statements)."
-        )
-    translated = None if suppressed else _translated(exc_info[1])
-    if translated is not None:
-        raise translated from exc_info[1]
-    return suppressed
+        entry.close(exc_info if len(entries) == position else (None, None, None))
+    raise SubclassCAError(
+        f"subclass_ca.enable() blocks exited out of order: an outer block exited while {out_of_order} inner "
+        "block(s) were still open. subclass_ca closed them first and restored torch's state; their own exits "
+        "do nothing now. Exit blocks in the reverse order of entering (use `with` statements)."
+    )
 
 
 @contextlib.contextmanager

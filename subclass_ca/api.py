@@ -28,8 +28,11 @@ class enable(contextlib.ContextDecorator):
     step.  Settings come either as keyword arguments (see :class:`Config` for each) or as
     one ``config=Config(...)``, not both.  ``backend`` is anything ``torch.compile(backend=...)``
     accepts; the CA graph is compiled as ``torch.compile(ca_graph, backend=backend,
-    fullgraph=True, **compile_kwargs)``.  Every torch attribute subclass_ca patches is
-    restored on exit (also on an exception); blocks nest (Note [enable() blocks and threads]).
+    fullgraph=True, **compile_kwargs)``.  On exit (also on an exception) torch's state is as
+    before: compiled autograd off (or the outer block's), its flags, multithreading and logger
+    restored; the few torch functions subclass_ca wraps stay installed but act only inside
+    blocks, calling torch's own everywhere else, and :func:`reset` restores them exactly
+    (Note [Resident patches]).  Blocks nest (Note [enable() blocks and threads]).
     """
 
     def __init__(
@@ -81,7 +84,13 @@ class enable(contextlib.ContextDecorator):
 
 
 def reset() -> None:
-    """Forget compiled graphs (Dynamo and compiled autograd caches): the next backward recaptures."""
+    """Forget compiled graphs (Dynamo and compiled autograd caches): the next backward recaptures.
+
+    Outside every ``enable()`` block it also puts each torch attribute subclass_ca replaced
+    back to torch's identical object (Note [Resident patches]); the next block installs them again.
+    """
     torch.compiler.reset()
     _compat.reset_compiled_autograd()
     diagnostics.cache_cleared()
+    if not _compat.BLOCKS.depth:
+        _compat.uninstall_resident()

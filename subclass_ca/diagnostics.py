@@ -166,9 +166,8 @@ def record_cache_miss(reason: str) -> None:
 
 def record_run(report: CaptureReport) -> None:
     """One run of ``report``'s compiled graph (called by the compiled CA graph wrapper)."""
-    with _lock:
-        report.runs += 1
-    if report.runs > 1:
+    report.runs += 1  # runs happen in the thread owning the blocks (Note [enable() blocks and threads])
+    if report.runs > 1 and logger.isEnabledFor(logging.DEBUG):
         logger.debug("capture #%d: cache hit (run %d)", report.capture_index, report.runs)
 
 

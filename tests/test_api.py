@@ -36,7 +36,7 @@ def test_enable_restores_state_exactly_after_exception():
             step(x).backward()
             1 / 0
     assert _compat.torch_state_snapshot() == before
-    assert _runtime.RUNTIME_PATCHES.holders == 0
+    assert _compat.BLOCKS.depth == 0
 
 
 def test_nested_enable_blocks_restore_each_level():
@@ -47,7 +47,7 @@ def test_nested_enable_blocks_restore_each_level():
         with subclass_ca.enable(strict=True):
             step(x).backward()
         assert _compat.torch_state_snapshot()["proxy_call_aot_backward"] is outer["proxy_call_aot_backward"]
-        assert _runtime.RUNTIME_PATCHES.holders > 0
+        assert _compat.BLOCKS.depth > 0
     assert _compat.torch_state_snapshot() == before
 
 
@@ -78,8 +78,8 @@ def test_same_enable_object_is_reusable_and_reentrant():
     with ctx:
         with ctx:
             step(x).backward()
-        assert _runtime.RUNTIME_PATCHES.holders > 0
-    assert _runtime.RUNTIME_PATCHES.holders == 0
+        assert _compat.BLOCKS.depth > 0
+    assert _compat.BLOCKS.depth == 0
 
 
 def test_backend_callable_receives_the_ca_graph():
@@ -130,17 +130,17 @@ def test_config_is_frozen_and_keyword_only():
 
 def test_missing_torch_feature_fails_at_enable_naming_version_and_piece(monkeypatch):
     monkeypatch.setitem(_compat.FEATURES, "AOT backward proxy", "torch._dynamo.compiled_autograd:AutogradCompilerInstance.NoSuchThing")
-    _compat.missing_features.cache_clear()
+    _compat.forget_support_check()
     try:
         with pytest.raises(subclass_ca.UnsupportedTorchError) as info:
             with subclass_ca.enable():
                 pass
     finally:
         monkeypatch.undo()
-        _compat.missing_features.cache_clear()
+        _compat.forget_support_check()
     message = str(info.value)
     assert torch.__version__ in message and "AOT backward proxy" in message and "pip install torch==" in message
-    assert _runtime.RUNTIME_PATCHES.holders == 0
+    assert _compat.BLOCKS.depth == 0
 
 
 def test_supported_torch_has_no_missing_features():

@@ -19,7 +19,7 @@ import torch
 from ..errors import UnsupportedTorchError
 from . import aot_autograd, compiled_autograd, dynamo, engine, fsdp, workarounds
 from ._lookup import lookup
-from ._patch import AttributeSwap, CallSwap, PatchSet, Swap
+from ._patch import BLOCKS, CA_GRAPH_RUN, AttributeSwap, CallSwap, PatchSet, Scope, Swap, gated, uninstall_resident
 from .aot_autograd import *  # noqa: F403
 from .compiled_autograd import *  # noqa: F403
 from .dynamo import *  # noqa: F403
@@ -42,6 +42,7 @@ FEATURES: dict[str, str] = {
     "capture begin": compiled_autograd.COMPILER_INSTANCE + ".begin_capture",
     "capture end": compiled_autograd.COMPILER_INSTANCE + ".end_capture",
     "autograd compiler setter": "torch._C:_dynamo.compiled_autograd.set_autograd_compiler",
+    "Dynamo stance": "torch._dynamo:eval_frame._stance",
     "compiled autograd counters": "torch._dynamo.utils:counters",
     "autograd function CA cache key": compiled_autograd.AUTOGRAD_FUNCTION_CTX + "._compiled_autograd_key",
     "AccumulateGrad call": "torch._dynamo.external_utils:call_accumulate_grad",
@@ -69,6 +70,10 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
     "compiled autograd verbose logger": (
         "torch._C:_dynamo.compiled_autograd.set_verbose_logger",
         "capture reports cannot say why a backward missed compiled autograd's cache",
+    ),
+    "Dynamo frame-callback getter": (
+        "torch._C:_dynamo.eval_frame.get_eval_frame_callback",
+        "every run of a compiled CA graph goes through dynamo.disable (a few microseconds slower)",
     ),
     "Dynamo allowed-callable ids": (
         "torch._dynamo.trace_rules:_allowed_callable_ids",
@@ -143,13 +148,20 @@ def _minor(version: str) -> str:
 
 _warned_untested: set[str] = set()
 _supported: str | None = None
-"""The torch version already checked (``require_support`` then costs one comparison)."""
+"""The torch version already checked (``require_support`` then costs one identity check)."""
+
+
+def forget_support_check() -> None:
+    """Check the feature table again on the next ``require_support()`` (tests that remove features)."""
+    global _supported
+    _supported = None
+    missing_features.cache_clear()
 
 
 def require_support() -> None:
     """Raise :class:`UnsupportedTorchError` unless every needed internal exists; warn once on an untested torch."""
     global _supported
-    if _supported is not None and _supported == TORCH_VERSION and missing_features.cache_info().currsize:
+    if _supported is TORCH_VERSION:
         return
     missing = missing_features()
     if missing:
@@ -169,8 +181,27 @@ def require_support() -> None:
     _supported = version
 
 
-def torch_state_snapshot() -> dict[str, Any]:
-    """Everything ``enable()`` may touch, for exact before/after comparisons in tests."""
+def _effective(value: Any) -> Any:
+    """What a call of ``value`` runs: torch's original for a resident gate outside its scope."""
+    if isinstance(value, dict):
+        return {key: _effective(item) for key, item in value.items()}
+    scope = getattr(value, "__subclass_ca_gate__", None)
+    if scope is not None and not scope.depth:
+        return value.__subclass_ca_original__
+    return value
+
+
+def torch_state_snapshot(*, effective: bool = True) -> dict[str, Any]:
+    """Everything ``enable()`` may touch, for exact before/after comparisons in tests.
+
+    ``effective``: a resident gate outside its scope shows as the torch original it calls
+    (Note [Resident patches]); ``False`` shows the objects themselves (exact after ``reset()``).
+    """
+    state = _raw_torch_state()
+    return {key: _effective(value) for key, value in state.items()} if effective else state
+
+
+def _raw_torch_state() -> dict[str, Any]:
     compiler_cls = lookup(FEATURES["compiled autograd compiler instance"])
     return {
         "dynamo_config": dynamo.dynamo_config_snapshot(),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -10,7 +12,7 @@ from typing import Any
 import torch
 
 from ._lookup import lookup
-from ._patch import AttributeSwap, CallSwap
+from ._patch import BLOCKS, AttributeSwap, CallSwap, gated
 from .dynamo import dynamo_disable
 
 __all__ = [
@@ -18,6 +20,11 @@ __all__ = [
     "COMPILER_INSTANCE",
     "AOT_BACKWARD_PARAMS",
     "enable_compiled_autograd",
+    "compiler_factory",
+    "Activation",
+    "activate",
+    "deactivate",
+    "fast_activation_supported",
     "ca_enable_swap",
     "compiled_autograd_state",
     "autograd_compiler",
@@ -47,6 +54,110 @@ def enable_compiled_autograd(compiler_fn: Callable[..., Any], *, dynamic: bool =
     return lookup(CA_MODULE + ":_enable")(compiler_fn, dynamic=dynamic)
 
 
+# Note [Entering compiled autograd without a generator]
+# -------------------------------------------------------
+# torch's ``compiled_autograd._enable`` is a generator context manager that, on every enter,
+# builds a ``functools.partial`` compiler factory, checks CUDA to import cudagraph_trees, and
+# nests ``set_multithreading_enabled``: that is all of stock compiled autograd's enter+exit
+# cost.  :func:`activate` / :func:`deactivate` perform the same steps as direct calls, in the
+# same order and with the same end state (``tests/compat/test_activation.py`` compares them
+# with torch's own), using a factory prepared once per compiler.  They do so only for an
+# ``_enable`` whose source is one we have read (``KNOWN_ENABLE_SOURCES``: torch 2.13, 2.14
+# and 2.15 have the identical function); any other torch, and Dynamo's ``force_eager``
+# stance, go through torch's own ``_enable``, so a torch change costs speed, never behaviour.
+
+#: sha256 prefixes of the ``compiled_autograd._enable`` sources activate() reproduces.
+KNOWN_ENABLE_SOURCES = frozenset({"537b7a55ad9c0f52"})
+_fingerprints: dict[int, tuple[Any, bool]] = {}
+_last_checked: list[Any] = [None]
+"""The last ``_enable`` found reproducible (the fast path's one identity check)."""
+_cudagraph_trees_imported = False
+
+
+def _torch_enable() -> Any:
+    enable = lookup(CA_MODULE + ":_enable")
+    return getattr(enable, "__subclass_ca_original__", enable)
+
+
+def fast_activation_supported(enable: Any = None) -> bool:
+    """True when :func:`activate` may reproduce ``enable`` (torch's ``_enable``) directly."""
+    enable = _torch_enable() if enable is None else enable
+    cached = _fingerprints.get(id(enable))
+    if cached is None or cached[0] is not enable:
+        try:
+            digest = hashlib.sha256(inspect.getsource(enable).encode()).hexdigest()[:16]
+        except (OSError, TypeError):
+            digest = ""
+        cached = _fingerprints[id(enable)] = (enable, digest in KNOWN_ENABLE_SOURCES)
+    if cached[1]:
+        _last_checked[0] = enable
+    return cached[1]
+
+
+def compiler_factory(compiler_fn: Callable[..., Any]) -> Any:
+    """What ``_enable`` hands C++ autograd for ``compiler_fn``: one capture instance per capture."""
+    return functools.partial(lookup(COMPILER_INSTANCE), compiler_fn)
+
+
+class Activation:
+    """What :func:`activate` changed, for :func:`deactivate` to undo."""
+
+    __slots__ = ("prior_compiler", "prior_dynamic", "prior_depth", "prior_multithreading", "torch_context")
+
+    def __init__(self) -> None:
+        self.torch_context: Any = None
+
+
+@functools.cache
+def _modules() -> tuple[Any, Any, Any]:
+    return lookup(CA_MODULE), lookup(_C_CA), lookup("torch._dynamo:eval_frame")
+
+
+def activate(compiler_fn: Callable[..., Any], factory: Any, *, dynamic: bool) -> Activation:
+    """Turn compiled autograd on with ``compiler_fn`` (``factory`` = :func:`compiler_factory` of it).
+
+    Note [Entering compiled autograd without a generator].
+    """
+    global _cudagraph_trees_imported
+    activation = Activation()
+    ca, ca_c, eval_frame = _modules()
+    enable = ca._enable
+    enable = getattr(enable, "__subclass_ca_original__", enable)
+    if eval_frame._stance.stance == "force_eager" or not (enable is _last_checked[0] or fast_activation_supported(enable)):
+        context = enable(compiler_fn, dynamic=dynamic)
+        context.__enter__()
+        activation.torch_context = context
+        return activation
+    if not _cudagraph_trees_imported:
+        if torch.cuda.is_available():
+            importlib.import_module("torch._inductor.cudagraph_trees")
+        _cudagraph_trees_imported = True
+    activation.prior_compiler, activation.prior_dynamic = ca_c.set_autograd_compiler(factory, dynamic)
+    if ca.snapshot_verbose_logging_enabled():
+        ca_c.set_verbose_logger(ca.verbose_log)
+    ca.compiled_autograd_enabled = True
+    activation.prior_depth = ca.depth
+    ca.depth += 1
+    activation.prior_multithreading = torch._C._is_multithreading_enabled()
+    torch._C._set_multithreading_enabled(False)
+    return activation
+
+
+def deactivate(activation: Activation, exc_info: tuple[Any, Any, Any]) -> bool:
+    """Undo :func:`activate`; True when torch's own context suppressed the exception."""
+    if activation.torch_context is not None:
+        return bool(activation.torch_context.__exit__(*exc_info))
+    ca, ca_c, _ = _modules()
+    torch._C._set_multithreading_enabled(activation.prior_multithreading)
+    if not activation.prior_compiler:
+        ca.compiled_autograd_enabled = False
+    ca_c.set_autograd_compiler(activation.prior_compiler, activation.prior_dynamic)
+    ca.depth -= 1
+    if ca.depth != activation.prior_depth:
+        raise AssertionError("Nested Compiled Autograd Contexts must return before their parent context")
+    return False
+
+
 def ca_enable_swap(adopt: Callable[[Any], Any]) -> AttributeSwap:
     """``compiled_autograd._enable`` with its ``compiler_fn`` passed through ``adopt`` first.
 
@@ -55,12 +166,10 @@ def ca_enable_swap(adopt: Callable[[Any], Any]) -> AttributeSwap:
     """
 
     def make(original: Any) -> Any:
-        @functools.wraps(original)
         def _enable(compiler_fn: Any, *args: Any, **kwargs: Any) -> Any:
             return original(adopt(compiler_fn), *args, **kwargs)
 
-        _enable.__subclass_ca_original__ = original  # type: ignore[attr-defined]
-        return _enable
+        return gated(BLOCKS, original, _enable)
 
     return AttributeSwap(lambda: lookup(CA_MODULE), "_enable", make, own_only=False)
 
@@ -91,6 +200,14 @@ def clear_compiled_autograd_cache() -> None:
 _CAPTURING = "_subclass_ca_capturing"
 
 
+def _untraced(gate: Any) -> Any:
+    """A gated capture entry point, dynamo.disable-d (Note [Capture code is never traced])."""
+    disabled = dynamo_disable(gate)
+    disabled.__subclass_ca_original__ = gate.__subclass_ca_original__
+    disabled.__subclass_ca_gate__ = gate.__subclass_ca_gate__
+    return disabled
+
+
 def capture_watch_swaps(on_abandoned: Callable[[], None]) -> list[AttributeSwap]:
     """Call ``on_abandoned()`` for every compiled-autograd capture that fails.
 
@@ -119,7 +236,7 @@ def capture_watch_swaps(on_abandoned: Callable[[], None]) -> list[AttributeSwap]
                 self.close = close_and_report
             return original(self, *args, **kwargs)
 
-        return dynamo_disable(begin_capture)  # Note [Capture code is never traced]
+        return _untraced(gated(BLOCKS, original, begin_capture))
 
     def make_end(original: Any) -> Any:
         @functools.wraps(original)
@@ -128,7 +245,7 @@ def capture_watch_swaps(on_abandoned: Callable[[], None]) -> list[AttributeSwap]
             self.__dict__.pop(_CAPTURING, None)  # reached only when the capture succeeded
             return result
 
-        return dynamo_disable(end_capture)  # Note [Capture code is never traced]
+        return _untraced(gated(BLOCKS, original, end_capture))
 
     locate = lambda: lookup(COMPILER_INSTANCE)  # noqa: E731
     return [AttributeSwap(locate, "begin_capture", make_begin), AttributeSwap(locate, "end_capture", make_end)]
@@ -197,9 +314,7 @@ def aot_backward_swap(wrapper: Callable[..., Any]) -> AttributeSwap:
         # it would compile our capture-time Python as user frames, with guards that can reuse one
         # subclass output's argument slice for the next one.  Every entry point torch calls into
         # during a capture is therefore dynamo.disable-d.
-        disabled = dynamo_disable(proxy_call_aot_backward)
-        disabled.__subclass_ca_original__ = original  # type: ignore[attr-defined]
-        return disabled
+        return _untraced(gated(BLOCKS, original, proxy_call_aot_backward))
 
     return AttributeSwap(lambda: lookup(COMPILER_INSTANCE), "proxy_call_aot_backward", make)
 
@@ -226,7 +341,7 @@ def cache_key_swap(current_token: Callable[[], int | None]) -> AttributeSwap:
             function_id, *rest = key
             return (hash((function_id, _CACHE_KEY_MARK, token)) & ((1 << 62) - 1), *rest)
 
-        return _compiled_autograd_key
+        return gated(BLOCKS, original, _compiled_autograd_key)
 
     return AttributeSwap(lambda: lookup(AUTOGRAD_FUNCTION_CTX), "_compiled_autograd_key", make)
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from ._lookup import lookup
 
-__all__ = ["FSDP2_TYPES", "fsdp2_types", "fsdp2_state_of_hook", "fsdp2_states", "fsdp2_unfinished"]
+__all__ = ["FSDP2_TYPES", "fsdp2_loaded", "fsdp2_types", "fsdp2_state_of_hook", "fsdp2_states", "fsdp2_unfinished"]
 
 FSDP2_TYPES = {
     "FSDPModule": "torch.distributed.fsdp:FSDPModule",
@@ -16,6 +17,14 @@ FSDP2_TYPES = {
     "RegisterPreBackwardFunction": "torch.distributed.fsdp._fully_shard._fsdp_state:RegisterPreBackwardFunction",
     "RegisterPostBackwardFunction": "torch.distributed.fsdp._fully_shard._fsdp_param_group:RegisterPostBackwardFunction",
 }
+
+
+FSDP2_PACKAGE = "torch.distributed.fsdp._fully_shard"
+
+
+def fsdp2_loaded() -> bool:
+    """Whether FSDP2 was imported at all (no FSDP2 hook can exist before); a dict lookup."""
+    return FSDP2_PACKAGE in sys.modules
 
 
 @functools.cache
@@ -47,7 +56,7 @@ def fsdp2_state_of_hook(hook: Any) -> Any:
         if cls is not None and isinstance(forward_cls, type) and issubclass(forward_cls, cls):
             return getattr(hook, "param_group", None) or getattr(hook, "state", None) or forward_cls
     module = getattr(getattr(hook, "__func__", hook), "__module__", "") or ""
-    if module.startswith("torch.distributed.fsdp._fully_shard"):
+    if module.startswith(FSDP2_PACKAGE):
         return hook
     return None
 

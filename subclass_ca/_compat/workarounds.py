@@ -5,17 +5,18 @@ Note [Workaround scopes]
 A workaround changes torch's behaviour, so it must apply only to the compilation it is
 about; anything else compiled at the same time (a user's ``torch.compile``-d optimizer step,
 a forward recompile) must see stock torch.  Each :class:`Workaround` therefore names its
-``scope`` and owns a :class:`PatchSet` that the runtime acquires only there:
+``scope`` and owns a resident :class:`PatchSet` whose replacements act only there and call
+torch's original everywhere else (Note [Resident patches] in ``_patch.py``):
 
-* ``"ca-graph-run"``: while one of subclass_ca's compiled CA graphs runs (Dynamo compiles
-  and fakeifies the CA graph's inputs on its first call; nothing else compiles there).
+* ``"ca-graph-run"`` (the ``CA_GRAPH_RUN`` scope): while one of subclass_ca's compiled CA
+  graphs runs (Dynamo compiles and fakeifies the CA graph's inputs on its first call;
+  nothing else compiles there).
 
 A workaround is installed at all only where its ``probe`` says this torch needs it.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import threading
 import types
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._lookup import lookup
-from ._patch import AttributeSwap, PatchSet
+from ._patch import CA_GRAPH_RUN, AttributeSwap, PatchSet, Scope, gated
 
 __all__ = [
     "Workaround",
@@ -35,7 +36,7 @@ __all__ = [
     "ca_graph_run_patches",
 ]
 
-SCOPES = ("ca-graph-run",)
+SCOPES: dict[str, Scope] = {"ca-graph-run": CA_GRAPH_RUN}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +58,7 @@ class Workaround:
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
-            raise ValueError(f"Workaround.scope: got {self.scope!r}, allowed values are {SCOPES}")
+            raise ValueError(f"Workaround.scope: got {self.scope!r}, allowed values are {sorted(SCOPES)}")
 
     @property
     def needed(self) -> bool:
@@ -104,7 +105,6 @@ def _probe_grad_context_bug(compatible: Callable[..., bool]) -> bool:
 def _patched_grad_context_compatible(original: Callable[..., bool]) -> Callable[..., bool]:
     symbolic_shapes = importlib.import_module("torch.fx.experimental.symbolic_shapes")
 
-    @functools.wraps(original)
     def _grad_context_compatible(symbolic_context: Any, grad_desc: Any) -> bool:
         # A subclass grad needs a SubclassSymbolicContext: treat any other as incompatible so
         # meta_utils builds a fresh all-dynamic one from the grad (what upstream does since #186427).
@@ -114,8 +114,7 @@ def _patched_grad_context_compatible(original: Callable[..., bool]) -> Callable[
             return False
         return original(symbolic_context, grad_desc)
 
-    _grad_context_compatible.__subclass_ca_original__ = original  # type: ignore[attr-defined]
-    return _grad_context_compatible
+    return gated(CA_GRAPH_RUN, original, _grad_context_compatible)
 
 
 GRAD_CONTEXT = Workaround(
@@ -133,6 +132,7 @@ GRAD_CONTEXT = Workaround(
         "grad-context workaround",
         lambda: [AttributeSwap(lambda: importlib.import_module(_META_UTILS), "_grad_context_compatible",
                                _patched_grad_context_compatible, own_only=False)],
+        resident=True,
     ),
 )
 
@@ -183,7 +183,6 @@ def _static_context(desc: Any, source: Any) -> Any:
 
 
 def _patched_meta_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
     def meta_tensor(self: Any, t: Any, shape_env: Any, callback: Any, source: Any, symbolic_context: Any) -> Any:
         stack = getattr(_meta_parents, "stack", None)
         if stack is None:
@@ -205,8 +204,7 @@ def _patched_meta_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             stack.pop()
 
-    meta_tensor.__subclass_ca_original__ = original  # type: ignore[attr-defined]
-    return meta_tensor
+    return gated(CA_GRAPH_RUN, original, meta_tensor)
 
 
 GRAD_STATIC_CONTEXT = Workaround(
@@ -223,6 +221,7 @@ GRAD_STATIC_CONTEXT = Workaround(
     patches=PatchSet(
         "grad static-context workaround",
         lambda: [AttributeSwap(lambda: lookup(_META_UTILS + ":MetaConverter"), "meta_tensor", _patched_meta_tensor)],
+        resident=True,
     ),
 )
 
@@ -236,5 +235,5 @@ def needed_workarounds() -> list[Workaround]:
 
 
 def ca_graph_run_patches() -> list[PatchSet]:
-    """Patch sets to acquire around one run of a compiled CA graph (scope ``"ca-graph-run"``)."""
+    """Resident patch sets acting while a compiled CA graph runs (scope ``"ca-graph-run"``): install them before."""
     return [w.patches for w in WORKAROUNDS if w.scope == "ca-graph-run" and w.needed]

@@ -31,9 +31,9 @@ def _remove(monkeypatch: pytest.MonkeyPatch, dotted: str) -> None:
 
 @pytest.fixture
 def fresh_feature_check():
-    _compat.missing_features.cache_clear()
+    _compat.forget_support_check()
     yield
-    _compat.missing_features.cache_clear()
+    _compat.forget_support_check()
 
 
 def test_this_torch_has_every_feature():
@@ -53,7 +53,7 @@ def test_each_missing_feature_fails_enable_before_any_backward(feature, monkeypa
     message = str(info.value)
     assert feature in message and torch.__version__ in message and "pip install torch==" in message
     assert weight.grad is None, "a backward ran although the torch was unsupported"
-    assert _runtime.RUNTIME_PATCHES.holders == 0
+    assert _compat.BLOCKS.depth == 0
 
 
 def test_a_changed_signature_is_reported(monkeypatch, fresh_feature_check):

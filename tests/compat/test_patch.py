@@ -1,4 +1,4 @@
-"""The one patcher: counted, re-entrant, exact restore (Note [One patcher]); enable() blocks use it."""
+"""The one patcher: counted, re-entrant, exact restore (Note [One patcher]); resident gated sets (Note [Resident patches])."""
 
 from __future__ import annotations
 
@@ -87,7 +87,9 @@ def _pair_step():
     return w, torch.compile(lambda x: (x @ w).tanh().sum(), backend="aot_eager"), torch.randn(4, 6)
 
 
-def test_enable_patches_only_through_the_runtime_patch_set_and_restores_identically():
+def test_enable_patches_only_through_the_runtime_patch_set_and_reset_restores_identically():
+    subclass_ca.reset()  # a process state with nothing of ours installed
+    raw_before = _compat.torch_state_snapshot(effective=False)
     before = _compat.torch_state_snapshot()
     w, step, x = _pair_step()
     with subclass_ca.enable():
@@ -95,12 +97,74 @@ def test_enable_patches_only_through_the_runtime_patch_set_and_restores_identica
         assert any("proxy_call_aot_backward" in name for name in installed)
         assert any("_compiled_autograd_key" in name for name in installed)
         with subclass_ca.enable(strict=True):
-            assert _runtime.RUNTIME_PATCHES.holders == 2
+            assert _compat.BLOCKS.depth == 2
             step(x).backward()
-    after = _compat.torch_state_snapshot()
-    for key, value in before.items():
-        assert after[key] is value or after[key] == value, key
     assert isinstance(w.grad, PairTensor)
+    # after the block: torch behaves as before (every resident gate calls torch's original) ...
+    assert _compat.torch_state_snapshot() == before
+    raw_after = _compat.torch_state_snapshot(effective=False)
+    resident = [key for key in raw_before if raw_after[key] is not raw_before[key] and raw_after[key] != raw_before[key]]
+    assert resident, "the runtime patches should stay installed between blocks"
+    for key in resident:
+        values = raw_after[key].values() if isinstance(raw_after[key], dict) else [raw_after[key]]
+        assert all(getattr(v, "__subclass_ca_gate__", None) is _compat.BLOCKS or getattr(v, "__subclass_ca_gate__", None)
+                   is _compat.CA_GRAPH_RUN for v in values), key
+    # ... and reset() puts every attribute back to the identical object
+    subclass_ca.reset()
+    raw_reset = _compat.torch_state_snapshot(effective=False)
+    for key, value in raw_before.items():
+        assert raw_reset[key] is value or raw_reset[key] == value, key
+    assert not _runtime.RUNTIME_PATCHES.is_installed
+
+
+def test_a_resident_set_installs_once_and_its_gates_act_only_inside_their_scope():
+    owner = types.SimpleNamespace(fn=lambda value: ("original", value))
+    original = owner.fn
+    scope = _compat.Scope("test scope")
+    patches = _compat.PatchSet(
+        "test",
+        lambda: [_compat.AttributeSwap(lambda: owner, "fn", lambda orig: _compat.gated(scope, orig, lambda v: ("patched", v)))],
+        resident=True,
+    )
+    patches.install()
+    installed = owner.fn
+    patches.install()
+    assert owner.fn is installed  # installed once
+    assert owner.fn(1) == ("original", 1)  # outside its scope: torch's original, same arguments
+    scope.enter()
+    assert owner.fn(2) == ("patched", 2)
+    scope.exit()
+    assert owner.fn(3) == ("original", 3)
+    with pytest.raises(RuntimeError, match="exited more often than entered"):
+        scope.exit()
+    with pytest.raises(RuntimeError, match="is resident"):
+        patches.acquire()
+    patches.uninstall()
+    assert owner.fn is original
+
+
+def test_restoring_never_drops_a_patch_other_code_made_over_ours():
+    owner = types.SimpleNamespace(fn=lambda: "original")
+    patches = _compat.PatchSet("test", lambda: [_compat.AttributeSwap(lambda: owner, "fn", lambda orig: lambda: "ours")],
+                               resident=True)
+    patches.install()
+    theirs = lambda: "theirs"  # noqa: E731
+    owner.fn = theirs
+    with pytest.raises(RuntimeError, match=r"'test'.*fn.*replaced by other code"):
+        patches.uninstall()
+    assert owner.fn is theirs and not patches.is_installed
+
+
+def test_reset_inside_a_block_keeps_the_patches_it_needs():
+    w, step, x = _pair_step()
+    with subclass_ca.enable():
+        subclass_ca.reset()
+        assert _runtime.RUNTIME_PATCHES.is_installed
+        step(x).backward()
+    assert isinstance(w.grad, PairTensor)
+    with pytest.raises(RuntimeError, match="while an enable\\(\\) block is open"):
+        with subclass_ca.enable():
+            _compat.uninstall_resident()
 
 
 def test_blocks_exited_out_of_order_restore_torch_and_raise_clearly():
@@ -114,8 +178,7 @@ def test_blocks_exited_out_of_order_restore_torch_and_raise_clearly():
     assert _compat.torch_state_snapshot() == before
     assert inner.__exit__(None, None, None) is False  # already closed: a no-op
     assert _compat.torch_state_snapshot() == before
-    autograd_key = _compat.lookup(_compat.compiled_autograd.AUTOGRAD_FUNCTION_CTX).__dict__["_compiled_autograd_key"]
-    assert autograd_key is before["autograd_function_ca_key"]
+    assert _compat.BLOCKS.depth == 0  # every gate is back to calling torch's original
     # and the process is usable: a normal block trains
     w, step, x = _pair_step()
     with subclass_ca.enable():

@@ -80,11 +80,16 @@ def test_stock_compiled_autograd_has_no_subclass_rule_for_trace_wrapped():
 
 def test_trace_wrapped_is_swapped_only_inside_enable():
     tensor_variables = pytest.importorskip("torch._dynamo.variables.tensor")
+    subclass_ca.reset()
     original = tensor_variables.trace_wrapped
     with subclass_ca.enable():
         with subclass_ca.enable():
-            assert tensor_variables.trace_wrapped is not original
-        assert tensor_variables.trace_wrapped is not original
+            assert _compat.torch_state_snapshot()["trace_wrapped"][tensor_variables.__name__] is not original
+        assert _compat.torch_state_snapshot()["trace_wrapped"][tensor_variables.__name__] is not original
+    # resident between blocks (Note [Resident patches]): a gate that calls torch's own trace_wrapped
+    assert _compat.torch_state_snapshot()["trace_wrapped"][tensor_variables.__name__] is original
+    assert tensor_variables.trace_wrapped.__subclass_ca_original__ is original
+    subclass_ca.reset()
     assert tensor_variables.trace_wrapped is original
 
 
