@@ -74,12 +74,7 @@ _HOOKS_ARG = 3
 
 def hook_owners(hooks: Sequence[Any]) -> list[Any]:
     """The FSDP2 states / param groups behind ``hooks`` (compiled autograd's hook list), in order."""
-    owners = []
-    for hook in hooks or ():
-        owner = _compat.fsdp2_state_of_hook(hook)
-        if owner is not None:
-            owners.append(owner)
-    return owners
+    return _compat.fsdp2_owners(hooks or ())
 
 
 def check_supported(owners: Sequence[Any]) -> None:
@@ -100,7 +95,7 @@ def check_supported(owners: Sequence[Any]) -> None:
 def prepare(graph: Any, args: Sequence[Any]) -> list[Any]:
     """Before a CA graph runs: detect FSDP2 hooks, check support, allow graph breaks; the FSDP2 states found."""
     hooks = args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else ()
-    if not hooks or not _compat.fsdp2_loaded():  # the steady-state fast path
+    if not hooks or not _compat.fsdp2_loaded():
         return []
     owners = hook_owners(hooks)
     if not owners:

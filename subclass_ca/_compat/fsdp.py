@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 import sys
+import types
 from collections.abc import Sequence
 from typing import Any
 
 from ._lookup import lookup
 
-__all__ = ["FSDP2_TYPES", "fsdp2_loaded", "fsdp2_types", "fsdp2_state_of_hook", "fsdp2_states", "fsdp2_unfinished"]
+__all__ = ["FSDP2_TYPES", "fsdp2_loaded", "fsdp2_owners", "fsdp2_types", "fsdp2_state_of_hook", "fsdp2_states", "fsdp2_unfinished"]
 
 FSDP2_TYPES = {
     "FSDPModule": "torch.distributed.fsdp:FSDPModule",
@@ -59,6 +60,37 @@ def fsdp2_state_of_hook(hook: Any) -> Any:
     if module.startswith(FSDP2_PACKAGE):
         return hook
     return None
+
+
+_PLAIN_HOOK_KINDS: set[Any] = set()
+"""Hook kinds (see :func:`_hook_kind`) already found to have no FSDP2 owner."""
+
+
+def _hook_kind(hook: Any) -> Any:
+    """What decides :func:`fsdp2_state_of_hook` for ``hook``: its owner's type, module or own type."""
+    owner = getattr(hook, "__self__", None)
+    if owner is not None:
+        return type(owner)
+    if isinstance(hook, types.FunctionType):
+        return hook.__module__
+    return type(hook)
+
+
+def fsdp2_owners(hooks: Sequence[Any]) -> list[Any]:
+    """The FSDP2 owners of compiled autograd's hook list, in order (kinds found plain are skipped fast)."""
+    owners = []
+    for hook in hooks:
+        kind = _hook_kind(hook)
+        if kind in _PLAIN_HOOK_KINDS:
+            continue
+        owner = fsdp2_state_of_hook(hook)
+        if owner is None:
+            if len(_PLAIN_HOOK_KINDS) > 4096:  # generated autograd-function types: keep it bounded
+                _PLAIN_HOOK_KINDS.clear()
+            _PLAIN_HOOK_KINDS.add(kind)
+        else:
+            owners.append(owner)
+    return owners
 
 
 def fsdp2_states(owners: Sequence[Any]) -> list[Any]:
