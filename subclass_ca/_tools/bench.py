@@ -706,7 +706,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--append", metavar="MARKDOWN", help="append this markdown file (e.g. an analysis) to RESULTS.md")
     p.add_argument("--fsdp2", action="store_true", help="also time FSDP2 (fully_shard) training, eager FSDP2 vs subclass_ca "
                    "(multi-process; combine with --render to add it to existing results)")
-    p.add_argument("--nproc", type=int, default=2, help="processes for --fsdp2 (default 2)")
+    p.add_argument("--tp", action="store_true", help="also time a tensor-parallel transformer block (DTensor weights) in "
+                   "eager / compile / stock CA / subclass_ca on --nproc processes, gradients checked against eager "
+                   "(multi-process, backends of --backends; combine with --render to add it to existing results)")
+    p.add_argument("--nproc", type=int, default=2, help="processes for --fsdp2 and --tp (default 2)")
     return p
 
 
@@ -742,6 +745,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import fsdp2_parity as fsdp2
 
         results["fsdp2"] = fsdp2.bench(world_size=args.nproc)
+    if args.tp:  # _tools/bench_tp.py: TP transformer block, every mode's gradients vs eager
+        from . import bench_tp
+
+        results["tp"] = bench_tp.bench(world_size=args.nproc, backends=settings.backends)
     if args.append:
         with open(args.append) as f:
             results["notes"] = f.read()
@@ -757,6 +764,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from . import fsdp2_parity as fsdp2
 
             f.write(fsdp2.markdown_section(results["fsdp2"]))
+        if results.get("tp"):
+            from . import bench_tp
+
+            f.write(bench_tp.markdown_section(results["tp"]))
     for key, text in TARGETS.items():
         v = results["verdicts"][key]
         print(f"{ {True: 'met   ', False: 'MISSED', None: 'n/a   '}[v['met']]} {text}: {v['detail']}")
