@@ -67,6 +67,7 @@ class CompiledCAGraph:
         for patches in self._workarounds:  # resident, acting only inside CA_GRAPH_RUN (Note [Workaround scopes])
             patches.install()
         self._first_run = True
+        self._steady = False
         self._untraced_call = _compat.dynamo_disable(self._call_in_scope)
 
     def _compile(self, fullgraph: bool) -> Any:
@@ -95,11 +96,20 @@ class CompiledCAGraph:
             _compat.CA_GRAPH_RUN.exit()
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
+        if self._steady:
+            # A fullgraph graph whose first run met no FSDP2 hook: nothing below can apply any more
+            # (FSDP2 always puts its own autograd Functions in the graph, which are part of compiled
+            # autograd's cache key, so a graph captured without them never runs with FSDP2).
+            self._report.runs += 1
+            return self._compiled(*args, **kwargs)
         # Note [FSDP2 under compiled autograd] in _fsdp2.py: detect FSDP2 hooks before the graph
         # runs, run the engine final callbacks eager hooks queue, check FSDP2 finished its backward.
         fsdp2_states = _fsdp2.prepare(self, args)
         if not self._graph_breaks_allowed:  # fullgraph: no eager code in the graph can queue a callback
-            return self._run(*args, **kwargs)
+            first = self._first_run
+            result = self._run(*args, **kwargs)
+            self._steady = first and not fsdp2_states and not self._graph_breaks_allowed
+            return result
         with _fsdp2.final_callbacks():
             result = self._run(*args, **kwargs)
         _fsdp2.check_finished(fsdp2_states)
