@@ -71,10 +71,6 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
         "torch._C:_dynamo.compiled_autograd.set_verbose_logger",
         "capture reports cannot say why a backward missed compiled autograd's cache",
     ),
-    "Dynamo frame-callback getter": (
-        "torch._C:_dynamo.eval_frame.get_eval_frame_callback",
-        "every run of a compiled CA graph goes through dynamo.disable (a few microseconds slower)",
-    ),
     "Dynamo allowed-callable ids": (
         "torch._dynamo.trace_rules:_allowed_callable_ids",
         "benchmarks cannot count allow_in_graph growth",

@@ -13,7 +13,6 @@ import torch
 from ._lookup import lookup
 
 __all__ = [
-    "inside_dynamo_frame",
     "allow_in_graph",
     "dynamo_disable",
     "is_traceable_wrapper_subclass",
@@ -51,24 +50,6 @@ def allow_in_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def dynamo_disable(fn: Callable[..., Any]) -> Callable[..., Any]:
     return lookup("torch._dynamo:disable")(fn)
-
-
-@functools.cache
-def _frame_callback_getter() -> Callable[[], Any] | None:
-    try:
-        return lookup("torch._C:_dynamo.eval_frame.get_eval_frame_callback")
-    except (ImportError, AttributeError):
-        return None
-
-
-def inside_dynamo_frame() -> bool:
-    """True while Dynamo's frame callback is set (code called from a torch.compile-d frame).
-
-    Without the getter this torch is treated as always inside one (callers then take their
-    dynamo.disable-d path: slower, the same behaviour).
-    """
-    getter = _frame_callback_getter()
-    return getter is None or getter() is not None
 
 
 def is_traceable_wrapper_subclass(value: Any) -> bool:

@@ -92,3 +92,30 @@ def test_flag_style_outside_enable_stays_stock():
         step(torch.randn(2, 4))
     assert len(subclass_ca.reports()) == before
     assert torch._dynamo.utils.counters["compiled_autograd"]["captures"] >= 1
+
+
+def _our_code_compiled_by_dynamo() -> list[str]:
+    """subclass_ca functions Dynamo holds compiled frames for (it must never trace our runtime)."""
+    import gc
+    import types
+
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    found = set()
+    for obj in gc.get_objects():
+        try:
+            if type(obj) is types.FunctionType and "/subclass_ca/" in obj.__code__.co_filename:
+                if _debug_get_cache_entry_list(obj.__code__):
+                    found.add(obj.__qualname__)
+        except ReferenceError:
+            continue
+    return sorted(found)
+
+
+@pytest.mark.parametrize("style", ["graph_break", "flag"])
+def test_dynamo_never_traces_the_runtime_inside_a_compiled_train_step(style, recwarn):
+    """Dynamo's frame callback is active while a compiled step's backward runs: our frames must be skipped."""
+    _train("two_tensor", style)
+    assert _our_code_compiled_by_dynamo() == []
+    dynamo_warnings = [str(w.message) for w in recwarn if "Dynamo" in str(w.message)]
+    assert dynamo_warnings == []
