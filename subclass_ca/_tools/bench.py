@@ -16,6 +16,14 @@ One process measures every (model, size, mode, backend) configuration:
   ``subclass_ca.named_callables()``, Dynamo's allow_in_graph id set and process RSS;
 * **backward memory**: the CA-graph liveness proxy of :mod:`subclass_ca._bench_memory`
   (CPU), ``torch.cuda.max_memory_allocated`` around the backward (CUDA);
+* **peak memory of one step** per configuration, after the timed steps: on CUDA
+  ``torch.cuda.max_memory_allocated`` minus the bytes allocated before the step; on CPU the
+  peak of the running sum of the allocator events ``torch.profiler`` records with
+  ``profile_memory=True`` (bytes allocated during the step and live at once; see
+  :func:`cpu_step_peak_bytes`);
+* **realistic workloads** (``bench_models.REALISTIC``: one transformer block each) run in the
+  same interleaved rounds but have their own report section; the targets, growth and
+  backward-liveness measurements are judged on the micro MLPs only.
 * ratios: subclass_ca / stock CA (steady, cold), eager / CA, subclass / plain, strict / default.
 
 It writes ``RESULTS.md``, ``results.json`` and ``bench.png`` into ``--out-dir``.
@@ -143,6 +151,7 @@ class _Config:
     captures_total: int = 0
     recompiles_after_warmup: int = 0
     cuda_peak_bytes: int | None = None
+    peak_bytes: int | None = None
 
     @property
     def name(self) -> str:
@@ -208,6 +217,11 @@ def _configs(settings: BenchSettings) -> list[_Config]:
 # --- measurements ------------------------------------------------------------------
 
 
+def _micro(models: Sequence[str]) -> list[str]:
+    """The micro-MLP models among ``models`` (the ones the targets, growth and liveness are about)."""
+    return [m for m in models if m not in _bench_models.REALISTIC]
+
+
 def _ca_captures() -> int:
     return int(_compat.ca_counters().get("captures", 0))
 
@@ -261,15 +275,21 @@ def _bench_torch_settings(settings: BenchSettings) -> Iterator[None]:
             torch.set_num_threads(threads)
 
 
-def _prime(settings: BenchSettings, bar: Any) -> None:
-    """One throwaway step per compiled mode, so on-disk kernel caches are equally warm for every mode's cold step."""
+def _prime(settings: BenchSettings, bar: Any) -> list[dict[str, Any]]:
+    """One throwaway step per compiled mode, so on-disk kernel caches are equally warm for every mode's cold step.
+
+    Returns the wall seconds of each (model, size, backend)'s primer steps (what a model kind costs to prime)."""
+    rows = []
     for model in settings.models:
         for size in settings.sizes:
             for backend in settings.backends:
+                t0 = time.perf_counter()
                 for mode in ("compile", "stock_ca", "subclass_ca"):
                     workload = _bench_models.build(model, size, settings.device, tag=f"{size}_primer_{mode}_{backend}")
                     _make_step(workload, mode, backend, settings.device)()
+                rows.append({"model": model, "size": size, "backend": backend, "seconds": time.perf_counter() - t0})
                 bar.update()
+    return rows
 
 
 def _time_configs(configs: list[_Config], settings: BenchSettings, bar: Any) -> None:
@@ -313,7 +333,59 @@ def _time_configs(configs: list[_Config], settings: BenchSettings, bar: Any) -> 
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
             config.run_step()
-            config.cuda_peak_bytes = torch.cuda.max_memory_allocated() - base
+            config.cuda_peak_bytes = config.peak_bytes = torch.cuda.max_memory_allocated() - base
+    else:
+        for config in configs:
+            c0, g0 = _ca_captures(), _graph_compiles()
+            peak = cpu_step_peak_bytes(config.run_step)
+            # a measurement that recompiled would measure compilation, not the step
+            config.peak_bytes = peak if (_ca_captures(), _graph_compiles()) == (c0, g0) else None
+
+
+@contextlib.contextmanager
+def _quiet_stderr_fd() -> Iterator[None]:
+    """Silence file descriptor 2 (kineto prints profiler_start / profiler_stop lines there)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def cpu_step_peak_bytes(step: Callable[[], None]) -> int | None:
+    """Peak bytes allocated during ``step()`` and live at the same time (CPU), or None when unmeasurable.
+
+    ``torch.profiler`` with ``profile_memory=True`` records one ``[memory]`` event per allocation
+    (positive bytes) and free (negative) made through c10's CPU allocator, which eager kernels,
+    AOT/aot_eager graphs, Inductor's generated C++ (``empty_strided_cpu``) and the compiled-autograd
+    graph all use. Frees of blocks allocated before the step (e.g. the previous ``.grad``) carry no size
+    and are left out, so the figure is the high-water mark of the step's own allocations. The profiler
+    does not change what Dynamo, AOT or compiled autograd compile (the caller checks that no capture or
+    graph compile happened). It adds per-op overhead, so it runs on a separate, untimed step.
+    """
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with _quiet_stderr_fd(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step()
+        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+        events.sort(key=lambda e: e.start_ns())
+        live = peak = 0
+        for event in events:
+            live += event.nbytes()
+            peak = max(peak, live)
+        return peak
+    except Exception as e:  # a torch without these profiler internals: say so, measure nothing
+        print(f"bench: CPU peak memory unmeasured ({type(e).__name__}: {e})", file=sys.stderr)
+        return None
 
 
 def _growth(settings: BenchSettings, bar: Any) -> list[dict[str, Any]]:
@@ -321,7 +393,7 @@ def _growth(settings: BenchSettings, bar: Any) -> list[dict[str, Any]]:
     rows = []
     size = settings.sizes[0]
     backend = "aot_eager" if "aot_eager" in settings.backends else settings.backends[0]
-    for model in settings.models:
+    for model in _micro(settings.models):
         for mode in ("stock_ca", "subclass_ca"):
             workload = _bench_models.build(model, size, settings.device, tag=f"{size}_growth_{mode}")
             step = _make_step(workload, mode, backend, settings.device)
@@ -372,7 +444,7 @@ def _memory(settings: BenchSettings) -> list[dict[str, Any]]:
     """CA-graph liveness (stock vs ours) per model, first size, accumulating into existing grads."""
     rows = []
     size = settings.sizes[0]
-    for model in settings.models:
+    for model in _micro(settings.models):
         row: dict[str, Any] = {"model": model, "size": size}
         for mode, enter in (("stock_ca", _compat.enable_compiled_autograd), ("subclass_ca", _runtime.capture_with)):
             workload = _bench_models.build(model, size, settings.device, tag=f"{size}_memory_{mode}")
@@ -411,7 +483,7 @@ def _summaries(configs: list[_Config]) -> list[dict[str, Any]]:
         {
             "model": c.model, "size": c.size, "mode": c.mode, "backend": c.backend,
             "cold_ms": c.cold_ms, "cold_samples_ms": c.cold_samples, "captures": c.captures_total, "recompiles_after_warmup": c.recompiles_after_warmup,
-            "cuda_peak_bytes": c.cuda_peak_bytes, **_stats(c.samples),
+            "cuda_peak_bytes": c.cuda_peak_bytes, "peak_bytes": c.peak_bytes, **_stats(c.samples),
         }
         for c in configs
     ]
@@ -419,7 +491,7 @@ def _summaries(configs: list[_Config]) -> list[dict[str, Any]]:
 
 def _ratios(rows: list[dict[str, Any]], settings: BenchSettings) -> dict[str, list[dict[str, Any]]]:
     index = {(r["model"], r["size"], r["mode"], r["backend"]): r for r in rows}
-    ours_vs_stock, vs_eager, vs_plain, strict = [], [], [], []
+    ours_vs_stock, vs_eager, vs_plain, strict, realistic = [], [], [], [], []
     for model in settings.models:
         for size in settings.sizes:
             eager = index.get((model, size, "eager", None))
@@ -437,21 +509,33 @@ def _ratios(rows: list[dict[str, Any]], settings: BenchSettings) -> dict[str, li
                         vs_eager.append({"model": model, "size": size, "backend": backend, "mode": mode,
                                          "speedup": _ratio(eager["median"], row["median"])})
                     plain = index.get(("plain", size, mode, backend))
-                    if row and plain and model != "plain":
+                    if row and plain and model != "plain" and model not in _bench_models.REALISTIC:
                         vs_plain.append({"model": model, "size": size, "backend": backend, "mode": mode,
                                          "k": _bench_models.INNER_TENSORS[model], "ratio": _ratio(row["median"], plain["median"])})
+                if model in _bench_models.REALISTIC:
+                    compiled = index.get((model, size, "compile", backend))
+                    for mode in ("compile", "stock_ca", "subclass_ca", "subclass_ca_strict"):
+                        row = index.get((model, size, mode, backend))
+                        if row:
+                            realistic.append({
+                                "model": model, "size": size, "backend": backend, "mode": mode,
+                                "speedup_vs_eager": _ratio(eager["median"], row["median"]) if eager else None,
+                                "vs_stock_ca": _ratio(row["median"], stock["median"]) if stock else None,
+                                "vs_compile": _ratio(row["median"], compiled["median"]) if compiled else None,
+                            })
                 strict_row = index.get((model, size, "subclass_ca_strict", backend))
                 if strict_row and ours:
                     strict.append({"model": model, "size": size, "backend": backend,
                                    "steady": _ratio(strict_row["median"], ours["median"]),
                                    "cold": _ratio(strict_row["cold_ms"], ours["cold_ms"])})
     return {"subclass_ca_vs_stock": ours_vs_stock, "speedup_vs_eager": vs_eager, "subclass_vs_plain": vs_plain,
-            "strict_vs_default": strict}
+            "strict_vs_default": strict, "realistic": realistic}
 
 
 def _verdicts(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """target id -> {met: bool | None, detail: str} (None: nothing measured)."""
-    ratios = results["ratios"]
+    realistic = set(_bench_models.REALISTIC)
+    ratios = {key: [r for r in rows if r["model"] not in realistic] for key, rows in results["ratios"].items()}
     verdicts: dict[str, dict[str, Any]] = {}
 
     def verdict(key: str, rows: list[Any], ok: Callable[[Any], bool], describe: Callable[[Any], str]) -> None:
@@ -474,7 +558,7 @@ def _verdicts(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     verdict("cold", cold, lambda r: r["cold"] <= 1.05, lambda r: f"{where(r)} {r['cold']:.3f}")
     eager = [r for r in ratios["speedup_vs_eager"] if r["mode"] == "subclass_ca" and r["model"] != "plain" and r["speedup"]]
     verdict("vs_eager", eager, lambda r: r["speedup"] >= 2.0, lambda r: f"{where(r)} {r['speedup']:.2f}x")
-    ours = [r for r in results["rows"] if r["mode"] == "subclass_ca"]
+    ours = [r for r in results["rows"] if r["mode"] == "subclass_ca" and r["model"] not in realistic]
     verdict("recompiles", ours, lambda r: r["recompiles_after_warmup"] == 0,
             lambda r: f"{where(r)} {r['recompiles_after_warmup']}")
     growth = [r for r in results["growth"] if r["mode"] == "subclass_ca"]
@@ -490,6 +574,51 @@ def _verdicts(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
             and r["subclass_ca"]["epilogue_mean_bytes"] <= r["stock_ca"]["epilogue_mean_bytes"],
             lambda r: f"{r['model']}/{r['size']}")
     return verdicts
+
+
+def _fmt_bytes(value: int | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value / 2**20:.2f} MiB" if value >= 2**20 else f"{value / 1024:.0f} KiB"
+
+
+def _peak_note(results: dict[str, Any]) -> str:
+    method = results.get("peak_memory_method")
+    if not method:
+        return "not measured by the run that wrote these results"
+    return method + "; — where it could not be measured"
+
+
+def _realistic_section(results: dict[str, Any], peak_note: str) -> list[str]:
+    """The "Realistic workloads" section: one transformer block per model (see bench_models.REALISTIC)."""
+    realistic = [m for m in _bench_models.REALISTIC if m in results["settings"]["models"]]
+    skipped = results.get("skipped_models") or {}
+    if not realistic and not skipped:
+        return []
+    out = ["", "## Realistic workloads", "",
+           "One transformer block each: RMSNorm → causal multi-head self-attention (`scaled_dot_product_attention`) → residual →",
+           "RMSNorm → SwiGLU MLP → residual; loss = output.square().mean(). Sizes (batch, seq, dim, heads, ffn): "
+           + ", ".join(f"{k} {v}" for k, v in _bench_models.BLOCK_SIZES.items() if k in results["settings"]["sizes"]) + ".", ""]
+    out += [f"- `{m}`: {_bench_models.MODELS[m]}" for m in realistic]
+    out += [f"- `{m}`: **skipped**: {reason}" for m, reason in skipped.items()]
+    out += ["", "Same interleaved rounds as the micro rows (the targets above are judged on the micro rows only). *cold* is the",
+            "first step of a fresh instance: Dynamo + AOT + backend compile + CA capture, i.e. the compile time. "
+            f"*peak*: {peak_note}.",
+            "*vs eager* = eager ms / mode ms (higher is faster); *vs stock_ca* and *vs compile* = mode ms / that mode's ms (lower is faster).",
+            "", "| model | size | backend | mode | median ms (IQR) | cold ms | peak | vs eager | vs stock_ca | vs compile | recompiles after warm-up |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    ratios = {(r["model"], r["size"], r["backend"], r["mode"]): r for r in results["ratios"].get("realistic", [])}
+    for r in results["rows"]:
+        if r["model"] not in realistic:
+            continue
+        q = ratios.get((r["model"], r["size"], r["backend"], r["mode"]), {})
+        out.append(
+            f"| {r['model']} | {r['size']} | {r['backend'] or '—'} | {r['mode']} | {_fmt(r['median'], '.2f')} "
+            f"({_fmt(r['q1'], '.2f')}–{_fmt(r['q3'], '.2f')}) | {_fmt(r['cold_ms'], '.0f')} | {_fmt_bytes(r.get('peak_bytes'))} | "
+            f"{_fmt(q.get('speedup_vs_eager'))}{'x' if q.get('speedup_vs_eager') else ''} | {_fmt(q.get('vs_stock_ca'), '.3f')} | "
+            f"{_fmt(q.get('vs_compile'), '.3f')} | {r['recompiles_after_warmup']} |"
+        )
+    return out
 
 
 def _fmt(value: Any, spec: str = ".2f") -> str:
@@ -538,16 +667,21 @@ def render_markdown(results: dict[str, Any]) -> str:
         v = results["verdicts"][key]
         mark = {True: "**met**", False: "**missed**", None: "not measured"}[v["met"]]
         out.append(f"| {text} | {mark} | {v['detail']} |")
+    realistic = set(_bench_models.REALISTIC)
+    micro_rows = [r for r in results["rows"] if r["model"] not in realistic]
+    peak_note = _peak_note(results)
     out += ["", "## Steady state and cold start (ms per step)", "",
-            "| model | size | mode | backend | median | IQR | min–max | cold (first step) | CA captures | recompiles after warm-up |",
-            "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in results["rows"]:
+            f"Micro MLPs. *peak* is the peak memory of one step ({peak_note}).", "",
+            "| model | size | mode | backend | median | IQR | min–max | cold (first step) | peak | CA captures | recompiles after warm-up |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in micro_rows:
         out.append(
             f"| {r['model']} | {r['size']} | {r['mode']} | {r['backend'] or '—'} | {_fmt(r['median'], '.3f')} | "
             f"{_fmt(r['q1'], '.3f')}–{_fmt(r['q3'], '.3f')} | {_fmt(r['min'], '.3f')}–{_fmt(r['max'], '.3f')} | "
-            f"{_fmt(r['cold_ms'], '.0f')} | {r['captures']} | {r['recompiles_after_warmup']} |"
+            f"{_fmt(r['cold_ms'], '.0f')} | {_fmt_bytes(r.get('peak_bytes'))} | {r['captures']} | {r['recompiles_after_warmup']} |"
         )
-    ratios = results["ratios"]
+    out += _realistic_section(results, peak_note)
+    ratios = {key: [r for r in rows if r["model"] not in realistic] for key, rows in results["ratios"].items()}
     out += ["", "## Ratios", "", "### subclass_ca / stock CA", "",
             "Targets are judged on the medians; the ratio of the minima (least disturbed samples) is shown beside them.", "",
             "| model | size | backend | steady (median) | steady (min) | cold |", "|---|---|---|---:|---:|---:|"]
@@ -648,19 +782,38 @@ def run(settings: BenchSettings) -> dict[str, Any]:
         raise SystemExit("bench: --device cuda given but torch.cuda.is_available() is False")
     _compat.require_support()
     start = time.perf_counter()
+    skipped = {m: reason for m in settings.models if (reason := _bench_models.unavailable(m))}
+    for model, reason in skipped.items():
+        print(f"bench: skipping model {model}: {reason}", file=sys.stderr)
+    if len(skipped) == len(settings.models):
+        raise SystemExit("bench: no requested model can be built here: " + "; ".join(f"{m}: {r}" for m, r in skipped.items()))
+    settings = dataclasses.replace(settings, models=tuple(m for m in settings.models if m not in skipped))
     with _bench_torch_settings(settings):
         configs = _configs(settings)
-        growth_units = len(settings.models) * 2 * settings.recaptures
+        growth_units = len(_micro(settings.models)) * 2 * settings.recaptures
         prime_units = len(settings.models) * len(settings.sizes) * len(settings.backends)
         total = prime_units + len(configs) * (1 + settings.warmup + settings.reps) + growth_units
         bar = _progress(total, settings.progress, "bench")
+        phases: dict[str, float] = {}
+
+        @contextlib.contextmanager
+        def phase(name: str) -> Iterator[None]:
+            t0 = time.perf_counter()
+            yield
+            phases[name] = time.perf_counter() - t0
+
         try:
-            _prime(settings, bar)
-            _time_configs(configs, settings, bar)
+            with phase("prime"):
+                primer = _prime(settings, bar)
+            with phase("time_configs"):
+                _time_configs(configs, settings, bar)
             rows = _summaries(configs)
-            growth = _growth(settings, bar)
-            memory = _memory(settings)
-            entry = _entry_overhead(settings)
+            with phase("growth"):
+                growth = _growth(settings, bar)
+            with phase("liveness"):
+                memory = _memory(settings)
+            with phase("entry_overhead"):
+                entry = _entry_overhead(settings)
         finally:
             bar.close()
     results: dict[str, Any] = {
@@ -674,9 +827,16 @@ def run(settings: BenchSettings) -> dict[str, Any]:
             "noise_note": os.environ.get("SUBCLASS_CA_BENCH_NOTE", "not recorded"),
         },
         "rows": rows,
+        "skipped_models": skipped,
+        "peak_memory_method": (
+            "torch.cuda.max_memory_allocated() minus memory_allocated() before the step" if settings.device == "cuda"
+            else "torch.profiler(profile_memory=True): peak running sum of the step's CPU allocator events"
+        ),
         "growth": growth,
         "memory": memory,
         "entry_overhead_us": entry,
+        "phase_s": phases,
+        "primer_s": primer,
     }
     results["ratios"] = _ratios(rows, settings)
     results["verdicts"] = _verdicts(results)

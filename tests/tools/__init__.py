@@ -1,0 +1,1 @@
+"""Tests of the developer tools (subclass_ca/_tools)."""
