@@ -15,6 +15,7 @@ from subclass_ca._tools import bench as _bench
 from subclass_ca._tools import bench_models as _bench_models
 
 REPO = Path(__file__).resolve().parents[1]
+_MICRO = [m for m in _bench_models.MODELS if m not in _bench_models.REALISTIC]
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +49,17 @@ def test_quick_run_writes_results_md_json_and_png(quick_run, results):
 @pytest.mark.slow
 def test_quick_run_measures_every_model_and_mode(results):
     measured = {(r["model"], r["mode"], r["backend"]) for r in results["rows"]}
-    for model in _bench_models.MODELS:
+    settings = results["settings"]
+    assert set(_MICRO) | {"block_pair"} == set(settings["models"])  # the quick preset: micro MLPs + one block
+    for model in settings["models"]:
         assert (model, "eager", None) in measured
         for mode in ("compile", "stock_ca", "subclass_ca", "subclass_ca_strict"):
+            if mode == "subclass_ca_strict" and model in _bench_models.REALISTIC:
+                assert (model, mode, "aot_eager") not in measured  # no strict row for the blocks
+                continue
             assert (model, mode, "aot_eager") in measured
-    settings = results["settings"]
     for row in results["rows"]:
+        assert row["peak_bytes"] is not None and row["peak_bytes"] > 0, row
         assert row["min"] <= row["q1"] <= row["median"] <= row["q3"] <= row["max"]
         assert row["median"] > 0 and math.isfinite(row["cold_ms"])
         if row["mode"] in _bench.CA_MODES:
@@ -61,20 +67,24 @@ def test_quick_run_measures_every_model_and_mode(results):
         else:
             assert row["captures"] == 0, row
     assert results["steps"] == 1 + settings["warmup"] + settings["reps"] * settings["block"]
+    assert results["realistic_steps"] == 1 + settings["warmup"] + settings["realistic_reps"] * settings["realistic_block"]
+    block_rows = [r for r in results["rows"] if r["model"] == "block_pair"]
+    assert block_rows and all(len(r["cold_samples_ms"]) == settings["realistic_cold_reps"] for r in block_rows)
 
 
 @pytest.mark.slow
 def test_quick_run_reports_growth_memory_and_ratios(results):
     growth = {(r["model"], r["mode"]) for r in results["growth"]}
-    assert growth == {(m, mode) for m in _bench_models.MODELS for mode in ("stock_ca", "subclass_ca")}
+    assert growth == {(m, mode) for m in _MICRO for mode in ("stock_ca", "subclass_ca")}
     for row in results["growth"]:
         assert row["recaptures"] == results["settings"]["recaptures"]
     memory = {r["model"]: r for r in results["memory"]}
-    assert set(memory) == set(_bench_models.MODELS)
+    assert set(memory) == set(_MICRO)
     assert memory["pair"]["subclass_ca"]["make_subclass_nodes"] > 0
     ratios = results["ratios"]
-    assert {r["model"] for r in ratios["subclass_ca_vs_stock"]} == set(_bench_models.MODELS)
-    assert {r["model"] for r in ratios["subclass_vs_plain"]} == set(_bench_models.MODELS) - {"plain"}
+    assert {r["model"] for r in ratios["subclass_ca_vs_stock"]} == set(_MICRO) | {"block_pair"}
+    assert {r["model"] for r in ratios["subclass_vs_plain"]} == set(_MICRO) - {"plain"}
+    assert {(r["model"], r["mode"]) for r in ratios["realistic"]} == {("block_pair", m) for m in ("compile", "stock_ca", "subclass_ca")}
     assert ratios["strict_vs_default"]
     assert set(results["entry_overhead_us"]) == {"stock_ca", "subclass_ca", "subclass_ca_strict"}
     assert all(us > 0 for us in results["entry_overhead_us"].values())
@@ -103,6 +113,7 @@ def test_results_md_marks_every_target_and_the_cuda_column(quick_run, results):
     assert "torch " in text and "command: `python -m subclass_ca bench --quick" in text
     assert "CUDA" in text and "unmeasured" in text.lower()
     assert "machine: pytest" in text
+    assert "## Realistic workloads" in text and "| block_pair | small | aot_eager | subclass_ca |" in text
 
 
 def _synthetic_results(ours_ms: float, stock_ms: float) -> dict:

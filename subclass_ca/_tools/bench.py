@@ -22,8 +22,11 @@ One process measures every (model, size, mode, backend) configuration:
   ``profile_memory=True`` (bytes allocated during the step and live at once; see
   :func:`cpu_step_peak_bytes`);
 * **realistic workloads** (``bench_models.REALISTIC``: one transformer block each) run in the
-  same interleaved rounds but have their own report section; the targets, growth and
-  backward-liveness measurements are judged on the micro MLPs only.
+  same interleaved rounds but have their own sizes (``realistic_sizes``), fewer samples
+  (``realistic_reps`` x ``realistic_block``, ``realistic_cold_reps``), no strict row, and primer
+  steps only where kernels differ (inductor: compile + subclass_ca; aot_eager: subclass_ca), since
+  their cold compiles dominate the run; they have their own report section, and the targets,
+  growth and backward-liveness measurements are judged on the micro MLPs only.
 * ratios: subclass_ca / stock CA (steady, cold), eager / CA, subclass / plain, strict / default.
 
 It writes ``RESULTS.md``, ``results.json`` and ``bench.png`` into ``--out-dir``.
@@ -82,7 +85,9 @@ class BenchSettings:
     models: tuple[str, ...] = tuple(_bench_models.MODELS)
     """Model kinds (see ``_bench_models.MODELS``)."""
     sizes: tuple[str, ...] = ("small", "medium")
-    """Sizes (see ``_bench_models.SIZES``)."""
+    """Sizes of the micro MLPs (see ``_bench_models.SIZES``)."""
+    realistic_sizes: tuple[str, ...] = ("medium",)
+    """Sizes of the realistic workloads (see ``_bench_models.BLOCK_SIZES``; empty: none of them runs)."""
     backends: tuple[str, ...] = ("aot_eager", "inductor")
     """Backends for the compiled modes."""
     strict_backends: tuple[str, ...] = ("aot_eager",)
@@ -107,19 +112,26 @@ class BenchSettings:
     """Write bench.png (needs matplotlib)."""
     progress: bool = True
     """Show a tqdm progress bar (when tqdm is installed)."""
+    realistic_reps: int = 9
+    """Timed samples per realistic-workload configuration (it joins the first ``realistic_reps`` rounds)."""
+    realistic_block: int = 3
+    """Steps per timed sample of a realistic workload."""
+    realistic_cold_reps: int = 1
+    """Fresh instances per realistic-workload configuration whose first step is timed."""
     command: str = ""
     """The command line, recorded in RESULTS.md."""
 
     def __post_init__(self) -> None:
-        for name, allowed in (("models", _bench_models.MODELS), ("sizes", _bench_models.SIZES)):
+        for name, allowed in (("models", _bench_models.MODELS), ("sizes", _bench_models.SIZES),
+                              ("realistic_sizes", _bench_models.BLOCK_SIZES)):
             bad = [v for v in getattr(self, name) if v not in allowed]
-            if bad or not getattr(self, name):
+            if bad or (not getattr(self, name) and name != "realistic_sizes"):
                 raise ValueError(f"BenchSettings.{name}: got {bad or 'nothing'}, allowed values are {sorted(allowed)}")
         if not self.backends:
             raise ValueError("BenchSettings.backends must name at least one backend, e.g. aot_eager")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"BenchSettings.device: got {self.device!r}, allowed values are ['cpu', 'cuda']")
-        for name in ("reps", "block", "cold_reps"):
+        for name in ("reps", "block", "cold_reps", "realistic_reps", "realistic_block", "realistic_cold_reps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"BenchSettings.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup", "recaptures"):
@@ -130,8 +142,18 @@ class BenchSettings:
     def steps(self) -> int:
         return 1 + self.warmup + self.reps * self.block
 
+    @property
+    def realistic_steps(self) -> int:
+        return 1 + self.warmup + self.realistic_reps * self.realistic_block
 
-QUICK = {"sizes": ("small",), "backends": ("aot_eager",), "warmup": 1, "reps": 3, "block": 2, "recaptures": 3, "cold_reps": 1}
+    def sizes_of(self, model: str) -> tuple[str, ...]:
+        """The sizes ``model`` runs at (realistic workloads have their own)."""
+        return self.realistic_sizes if model in _bench_models.REALISTIC else self.sizes
+
+
+QUICK = {"models": (*(m for m in _bench_models.MODELS if m not in _bench_models.REALISTIC), "block_pair"),
+         "sizes": ("small",), "realistic_sizes": ("small",), "backends": ("aot_eager",), "warmup": 1, "reps": 3, "block": 2,
+         "recaptures": 3, "cold_reps": 1, "realistic_reps": 2, "realistic_block": 2}
 
 
 # --- configurations ----------------------------------------------------------------
@@ -148,6 +170,9 @@ class _Config:
     cold_ms: float = float("nan")
     cold_samples: list[float] = dataclasses.field(default_factory=list)
     samples: list[float] = dataclasses.field(default_factory=list)
+    reps: int = 1
+    block: int = 1
+    cold_reps: int = 1
     captures_total: int = 0
     recompiles_after_warmup: int = 0
     cuda_peak_bytes: int | None = None
@@ -196,11 +221,12 @@ def _make_step(workload: _bench_models.Workload, mode: str, backend: str | None,
 def _configs(settings: BenchSettings) -> list[_Config]:
     configs = []
     for model in settings.models:
-        for size in settings.sizes:
+        realistic = model in _bench_models.REALISTIC
+        for size in settings.sizes_of(model):
             plan: list[tuple[str, str | None]] = [("eager", None)]
             for backend in settings.backends:
                 plan += [("compile", backend), ("stock_ca", backend), ("subclass_ca", backend)]
-                if backend in settings.strict_backends:
+                if backend in settings.strict_backends and not realistic:
                     plan.append(("subclass_ca_strict", backend))
             for mode, backend in plan:
                 tag = f"{size}_{mode}_{backend or 'none'}"
@@ -209,6 +235,9 @@ def _configs(settings: BenchSettings) -> list[_Config]:
                     _Config(
                         model=model, size=size, mode=mode, backend=backend, workload=workload,
                         run_step=_make_step(workload, mode, backend, settings.device),
+                        reps=settings.realistic_reps if realistic else settings.reps,
+                        block=settings.realistic_block if realistic else settings.block,
+                        cold_reps=settings.realistic_cold_reps if realistic else settings.cold_reps,
                     )
                 )
     return configs
@@ -281,10 +310,10 @@ def _prime(settings: BenchSettings, bar: Any) -> list[dict[str, Any]]:
     Returns the wall seconds of each (model, size, backend)'s primer steps (what a model kind costs to prime)."""
     rows = []
     for model in settings.models:
-        for size in settings.sizes:
+        for size in settings.sizes_of(model):
             for backend in settings.backends:
                 t0 = time.perf_counter()
-                for mode in ("compile", "stock_ca", "subclass_ca"):
+                for mode in _primer_modes(model, backend):
                     workload = _bench_models.build(model, size, settings.device, tag=f"{size}_primer_{mode}_{backend}")
                     _make_step(workload, mode, backend, settings.device)()
                 rows.append({"model": model, "size": size, "backend": backend, "seconds": time.perf_counter() - t0})
@@ -292,10 +321,19 @@ def _prime(settings: BenchSettings, bar: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _primer_modes(model: str, backend: str) -> tuple[str, ...]:
+    """Micro MLPs: every compiled mode. Realistic workloads (whose compiles dominate the run): one step per distinct
+    kernel set -- Inductor compiles the AOT backward (compile) and the CA graph (stock and ours share its kernels);
+    aot_eager has no kernels, one CA step warms the process-wide tracing state."""
+    if model not in _bench_models.REALISTIC:
+        return ("compile", "stock_ca", "subclass_ca")
+    return ("compile", "subclass_ca") if backend == "inductor" else ("subclass_ca",)
+
+
 def _time_configs(configs: list[_Config], settings: BenchSettings, bar: Any) -> None:
     # cold: first step of fresh instances (interleaved), then of each configuration's own instance
-    for rep in range(settings.cold_reps - 1):
-        for config in configs:
+    for rep in range(max(c.cold_reps for c in configs) - 1):
+        for config in [c for c in configs if rep < c.cold_reps - 1]:
             extra = _bench_models.build(config.model, config.size, settings.device,
                                         tag=f"{config.size}_{config.mode}_{config.backend or 'none'}_cold{rep}")
             step = _make_step(extra, config.mode, config.backend, settings.device)
@@ -316,18 +354,20 @@ def _time_configs(configs: list[_Config], settings: BenchSettings, bar: Any) -> 
             config.run_step()
             config.captures_total += _ca_captures() - c0
         bar.update(len(configs))
-    for rep in range(settings.reps):
+    for rep in range(max(c.reps for c in configs)):
         shift = rep % len(configs)
         for config in configs[shift:] + configs[:shift]:
+            if rep >= config.reps:
+                continue
             c0, g0 = _ca_captures(), _graph_compiles()
             t0 = time.perf_counter()
-            for _ in range(settings.block):
+            for _ in range(config.block):
                 config.run_step()
-            config.samples.append((time.perf_counter() - t0) * 1e3 / settings.block)
+            config.samples.append((time.perf_counter() - t0) * 1e3 / config.block)
             captures = _ca_captures() - c0
             config.captures_total += captures
             config.recompiles_after_warmup += captures + (_graph_compiles() - g0)
-        bar.update(len(configs))
+        bar.update(sum(rep < c.reps for c in configs))
     if settings.device.startswith("cuda"):
         for config in configs:
             torch.cuda.reset_peak_memory_stats()
@@ -493,7 +533,7 @@ def _ratios(rows: list[dict[str, Any]], settings: BenchSettings) -> dict[str, li
     index = {(r["model"], r["size"], r["mode"], r["backend"]): r for r in rows}
     ours_vs_stock, vs_eager, vs_plain, strict, realistic = [], [], [], [], []
     for model in settings.models:
-        for size in settings.sizes:
+        for size in settings.sizes_of(model):
             eager = index.get((model, size, "eager", None))
             for backend in settings.backends:
                 ours, stock = index.get((model, size, "subclass_ca", backend)), index.get((model, size, "stock_ca", backend))
@@ -591,17 +631,23 @@ def _peak_note(results: dict[str, Any]) -> str:
 
 def _realistic_section(results: dict[str, Any], peak_note: str) -> list[str]:
     """The "Realistic workloads" section: one transformer block per model (see bench_models.REALISTIC)."""
-    realistic = [m for m in _bench_models.REALISTIC if m in results["settings"]["models"]]
+    s = results["settings"]
+    realistic = [m for m in _bench_models.REALISTIC if m in s["models"]]
+    sizes = s.get("realistic_sizes", s["sizes"])
     skipped = results.get("skipped_models") or {}
     if not realistic and not skipped:
         return []
     out = ["", "## Realistic workloads", "",
            "One transformer block each: RMSNorm → causal multi-head self-attention (`scaled_dot_product_attention`) → residual →",
            "RMSNorm → SwiGLU MLP → residual; loss = output.square().mean(). Sizes (batch, seq, dim, heads, ffn): "
-           + ", ".join(f"{k} {v}" for k, v in _bench_models.BLOCK_SIZES.items() if k in results["settings"]["sizes"]) + ".", ""]
+           + ", ".join(f"{k} {v}" for k, v in _bench_models.BLOCK_SIZES.items() if k in sizes) + ".", ""]
     out += [f"- `{m}`: {_bench_models.MODELS[m]}" for m in realistic]
     out += [f"- `{m}`: **skipped**: {reason}" for m, reason in skipped.items()]
-    out += ["", "Same interleaved rounds as the micro rows (the targets above are judged on the micro rows only). *cold* is the",
+    steps = ""
+    if "realistic_reps" in s:
+        steps = (f" with {s['realistic_reps']} samples x {s['realistic_block']} steps after {s['warmup']} warm-up steps, "
+                 f"cold = median of {s['realistic_cold_reps']} fresh instance(s), no strict row")
+    out += ["", f"Same interleaved rounds as the micro rows{steps} (the targets above are judged on the micro rows only). *cold* is the",
             "first step of a fresh instance: Dynamo + AOT + backend compile + CA capture, i.e. the compile time. "
             f"*peak*: {peak_note}.",
             "*vs eager* = eager ms / mode ms (higher is faster); *vs stock_ca* and *vs compile* = mode ms / that mode's ms (lower is faster).",
@@ -791,8 +837,8 @@ def run(settings: BenchSettings) -> dict[str, Any]:
     with _bench_torch_settings(settings):
         configs = _configs(settings)
         growth_units = len(_micro(settings.models)) * 2 * settings.recaptures
-        prime_units = len(settings.models) * len(settings.sizes) * len(settings.backends)
-        total = prime_units + len(configs) * (1 + settings.warmup + settings.reps) + growth_units
+        prime_units = sum(len(settings.sizes_of(m)) for m in settings.models) * len(settings.backends)
+        total = prime_units + len(configs) * (1 + settings.warmup) + sum(c.reps for c in configs) + growth_units
         bar = _progress(total, settings.progress, "bench")
         phases: dict[str, float] = {}
 
@@ -819,6 +865,7 @@ def run(settings: BenchSettings) -> dict[str, Any]:
     results: dict[str, Any] = {
         "settings": dataclasses.asdict(settings),
         "steps": settings.steps,
+        "realistic_steps": settings.realistic_steps,
         "env": {
             "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
             "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads() if not settings.threads else settings.threads,
@@ -849,7 +896,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small preset (< 2 min): small size, aot_eager, few steps")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--models", nargs="+", choices=list(_bench_models.MODELS))
-    p.add_argument("--sizes", nargs="+", choices=list(_bench_models.SIZES))
+    p.add_argument("--sizes", nargs="+", choices=list(_bench_models.SIZES),
+                   help="sizes of the micro MLPs, and of the transformer blocks unless --realistic-sizes is given")
+    p.add_argument("--realistic-sizes", nargs="*", choices=list(_bench_models.BLOCK_SIZES),
+                   help="sizes of the transformer blocks (default: medium; none: skip them)")
+    p.add_argument("--realistic-reps", type=int, help="timed samples per transformer-block configuration (default 9)")
+    p.add_argument("--realistic-block", type=int, help="steps per transformer-block sample (default 3)")
+    p.add_argument("--realistic-cold-reps", type=int, help="fresh transformer-block instances whose first step is timed (default 1)")
     p.add_argument("--backends", nargs="+", help="backends of the compiled modes (default: aot_eager inductor)")
     p.add_argument("--strict-backends", nargs="*", help="backends with a strict=True row (default: aot_eager)")
     p.add_argument("--warmup", type=int)
@@ -876,10 +929,13 @@ def _parser() -> argparse.ArgumentParser:
 def settings_from_args(argv: Sequence[str]) -> BenchSettings:
     args = _parser().parse_args(list(argv))
     values: dict[str, Any] = dict(QUICK) if args.quick else {}
-    for name in ("models", "sizes", "backends", "strict_backends"):
+    for name in ("models", "sizes", "realistic_sizes", "backends", "strict_backends"):
         if getattr(args, name) is not None:
             values[name] = tuple(getattr(args, name))
-    for name in ("warmup", "reps", "block", "recaptures", "threads", "cold_reps"):
+    if args.sizes is not None and args.realistic_sizes is None:
+        values["realistic_sizes"] = tuple(args.sizes)
+    for name in ("warmup", "reps", "block", "recaptures", "threads", "cold_reps", "realistic_reps", "realistic_block",
+                 "realistic_cold_reps"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
     command = "python -m subclass_ca bench " + shlex.join(argv)

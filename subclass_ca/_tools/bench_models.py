@@ -39,7 +39,7 @@ MODELS: dict[str, str] = {
     "int8_lora": "frozen Int8RowwiseTensor base weights + trainable LoRA A/B",
     "dtensor": "MLP whose parameters are DTensor (world_size 1, Replicate)",
     "block_int8_lora": "transformer block, frozen Int8RowwiseTensor projections + trainable LoRA A/B (QLoRA-style)",
-    "block_pair": "transformer block whose projection weights are trainable torch TwoTensor",
+    "block_pair": "transformer block whose weights (projections and RMSNorm) are trainable torch TwoTensor",
     "block_nf4": "transformer block, frozen torchao NF4Tensor projections + trainable LoRA A/B (QLoRA)",
 }
 #: inner tensors per subclass value (k of the "subclass / plain <= k" target)
@@ -214,8 +214,9 @@ def _build_block(model: str, size: str, device: str, tag: str, seed: int) -> Wor
         two_tensor = two_tensor_type()
         if two_tensor is None:  # pragma: no cover - torch without its testing package
             from ..testing.subclasses import PairTensor as two_tensor
-        params = [torch.nn.Parameter(n) for n in norms]
-        params += [torch.nn.Parameter(two_tensor(w.clone(), w * 0.5)) for w in weights]
+        # the activations are TwoTensors past the first projection, so the RMSNorm weights are TwoTensors too
+        # (a plain weight would get a TwoTensor .grad)
+        params = [torch.nn.Parameter(two_tensor(w.clone(), w * 0.5)) for w in norms + weights]
         return Workload(model=model, size=size, params=params, inputs=(x, heads),
                         forward=_private_copy(_block_dense_forward, tag))
     if model == "block_int8_lora":
