@@ -626,7 +626,7 @@ def _peak_note(results: dict[str, Any]) -> str:
     method = results.get("peak_memory_method")
     if not method:
         return "not measured by the run that wrote these results"
-    return method + "; — where it could not be measured"
+    return method + "; — = not measured"
 
 
 def _realistic_section(results: dict[str, Any], peak_note: str) -> list[str]:
@@ -645,9 +645,11 @@ def _realistic_section(results: dict[str, Any], peak_note: str) -> list[str]:
     out += [f"- `{m}`: **skipped**: {reason}" for m, reason in skipped.items()]
     steps = ""
     if "realistic_reps" in s:
-        steps = (f" with {s['realistic_reps']} samples x {s['realistic_block']} steps after {s['warmup']} warm-up steps, "
-                 f"cold = median of {s['realistic_cold_reps']} fresh instance(s), no strict row")
-    out += ["", f"Same interleaved rounds as the micro rows{steps} (the targets above are judged on the micro rows only). *cold* is the",
+        steps = (f": {s['realistic_reps']} samples x {s['realistic_block']} steps after {s['warmup']} warm-up steps, "
+                 f"cold = median of {s['realistic_cold_reps']} fresh instance(s), no strict row; primer steps: inductor "
+                 "compile + subclass_ca (stock CA's graph has the same kernels), aot_eager subclass_ca")
+    out += ["", f"Same interleaved rounds as the micro rows{steps}.",
+            "The targets above are judged on the micro rows only. *cold* is the "
             "first step of a fresh instance: Dynamo + AOT + backend compile + CA capture, i.e. the compile time. "
             f"*peak*: {peak_note}.",
             "*vs eager* = eager ms / mode ms (higher is faster); *vs stock_ca* and *vs compile* = mode ms / that mode's ms (lower is faster).",
@@ -693,7 +695,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"- torch {env['torch']}, Python {env['python']}, {env['platform']}",
         f"- CPU: {env['cpu']} ({env['cpu_count']} logical cores visible), torch threads: {env['threads']}",
         f"- device: {s['device']}; CUDA column: {env['cuda_note']}",
-        f"- steps per configuration: {results['steps']} (1 cold + {s['warmup']} warm-up + {s['reps']} samples x "
+        f"- steps per micro-MLP configuration: {results['steps']} (1 cold + {s['warmup']} warm-up + {s['reps']} samples x "
         f"{s['block']} steps); cold = median first step of {s.get('cold_reps', 1)} fresh instance(s); "
         f"forced recaptures: {s['recaptures']}; wall time {results['wall_s']:.0f} s",
         f"- machine: {env['noise_note']}",
