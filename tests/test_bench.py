@@ -86,8 +86,11 @@ def test_quick_run_reports_growth_memory_and_ratios(results):
     assert {r["model"] for r in ratios["subclass_vs_plain"]} == set(_MICRO) - {"plain"}
     assert {(r["model"], r["mode"]) for r in ratios["realistic"]} == {("block_pair", m) for m in ("compile", "stock_ca", "subclass_ca")}
     assert ratios["strict_vs_default"]
-    assert set(results["entry_overhead_us"]) == {"stock_ca", "subclass_ca", "subclass_ca_strict"}
-    assert all(us > 0 for us in results["entry_overhead_us"].values())
+    assert all(r["steady_once"] > 0 for r in ratios["subclass_ca_vs_stock"])  # both styles on every row
+    runtime = results["runtime"]
+    assert runtime["enter_exit_us"]["subclass_ca"]["median"] > 0 and runtime["enter_exit_us"]["stock_ca"]["median"] > 0
+    assert {r["mode"] for r in runtime["soak"]} == {"stock_ca", "subclass_ca"}
+    assert {"enter_exit", "soak_rss", "soak_callables"} <= set(runtime["verdicts"])
 
 
 @pytest.mark.slow
@@ -100,7 +103,7 @@ def test_render_rewrites_results_md_from_json_with_appended_notes(quick_run, res
     assert code == 0
     text = (rendered / "RESULTS.md").read_text()
     assert text.rstrip().endswith("hand-written words")
-    assert "| subclass_ca / stock CA <= 1.00 (steady state) |" in text
+    assert "| subclass_ca / stock CA <= 1.00 (steady state, context entered per step; every row) |" in text
 
 
 @pytest.mark.slow
@@ -139,7 +142,7 @@ def test_a_slower_subclass_ca_is_marked_missed_with_the_ratio():
     results = _synthetic_results(ours_ms=1.2, stock_ms=1.0)
     assert results["verdicts"]["steady"]["met"] is False
     assert "1.200" in results["verdicts"]["steady"]["detail"]
-    assert "| subclass_ca / stock CA <= 1.00 (steady state) | **missed** |" in _bench.render_markdown(results)
+    assert "| subclass_ca / stock CA <= 1.00 (steady state, context entered per step; every row) | **missed** |" in _bench.render_markdown(results)
 
 
 def test_a_faster_subclass_ca_is_marked_met():
