@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.subclass_ca-installed
 # This machine's pip config caps torch at 2.14.1 (/etc/xdg/pip); a newer lane lifts it for its own pip only.
 PIP    := $(if $(filter 2.15.%,$(TORCH)),PIP_CONFIG_FILE=/dev/null,) $(PY) -m pip
 
-.PHONY: setup demo test test-fast test-lanes bench check versions clean
+.PHONY: setup demo test test-fast test-lanes bench bench-quick check versions clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,8 +40,14 @@ test-fast: $(STAMP)
 test-lanes:
 	set -e; for torch in $(LANES); do $(MAKE) --no-print-directory test TORCH=$$torch; done
 
+# the full benchmark (<= 10 min on a 2-core machine): RESULTS.md, results.json, bench.png in benchmarks/
+BENCH_ARGS ?= --threads 1 --no-progress --tp --fsdp2 --append benchmarks/analysis.md
 bench: $(STAMP)
-	$(PY) -m subclass_ca bench $(BENCH_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m subclass_ca bench $(BENCH_ARGS)
+
+# the CI smoke run of the same pipeline (<= 2 min)
+bench-quick: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m subclass_ca bench --quick --threads 1 --no-progress --no-plot --out-dir build/bench-quick
 
 check: $(STAMP)
 	$(PY) -m subclass_ca check $(CHECK_ARGS)
