@@ -102,11 +102,11 @@ class BenchSettings:
     """Timed samples per configuration (round-robin rounds)."""
     block: int = 5
     """Steps per timed sample."""
-    recaptures: int = 20
+    recaptures: int = 10
     """Forced recaptures for the growth measurement."""
     soak_steps: int = 1000
     """Steps of the RSS/callable soak per CA mode (0: none; see ``bench_runtime``)."""
-    cold_reps: int = 3
+    cold_reps: int = 2
     """Fresh instances per configuration whose first step is timed (cold is their median)."""
     threads: int | None = None
     """torch.set_num_threads (None: leave as is)."""
@@ -339,11 +339,8 @@ def _prime(settings: BenchSettings, bar: Any) -> list[dict[str, Any]]:
 
 
 def _primer_modes(model: str, backend: str) -> tuple[str, ...]:
-    """Micro MLPs: every compiled mode. Realistic workloads (whose compiles dominate the run): one step per distinct
-    kernel set -- Inductor compiles the AOT backward (compile) and the CA graph (stock and ours share its kernels);
-    aot_eager has no kernels, one CA step warms the process-wide tracing state."""
-    if model not in _bench_models.REALISTIC:
-        return ("compile", "stock_ca", "subclass_ca")
+    """One step per distinct kernel set: Inductor compiles the AOT backward (compile) and the CA graph (stock and
+    ours share its kernels); aot_eager has no kernels, one CA step warms the process-wide tracing state."""
     return ("compile", "subclass_ca") if backend == "inductor" else ("subclass_ca",)
 
 
@@ -917,7 +914,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int)
     p.add_argument("--block", type=int)
     p.add_argument("--recaptures", type=int)
-    p.add_argument("--cold-reps", type=int, help="fresh instances whose first step is timed (default 3)")
+    p.add_argument("--cold-reps", type=int, help="fresh instances whose first step is timed (default 2)")
     p.add_argument("--soak-steps", type=int, help="steps of the RSS / callable soak per CA mode (default 1000; 0: none)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads for the run")
     p.add_argument("--out-dir", default="benchmarks")
