@@ -28,7 +28,17 @@ def _inner(t: torch.Tensor) -> list[torch.Tensor]:
     return [t]
 
 
-@pytest.mark.parametrize("model", BLOCKS)
+def _inductor_only_for(model: str) -> list:
+    """Every block on aot_eager; under inductor (a ~20-30 s compile each) the two-component block only, to keep CI short."""
+    return [pytest.param("aot_eager", id="aot_eager")] + (
+        [pytest.param("inductor", id="inductor", marks=pytest.mark.inductor)] if model == "block_pair" else [])
+
+
+@pytest.mark.parametrize(
+    "model, backend",
+    [pytest.param(p.values[0], backend.values[0], id=f"{backend.id}-{p.id}", marks=[*p.marks, *backend.marks])
+     for p in BLOCKS for backend in _inductor_only_for(p.values[0])],
+)
 def test_block_grads_under_subclass_ca_equal_eager(model, backend):
     eager = _bench_models.build(model, "small", "cpu", tag="test_eager")
     eager.forward_loss().backward()
