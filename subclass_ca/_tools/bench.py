@@ -98,7 +98,7 @@ class BenchSettings:
     """"cpu" or "cuda"."""
     warmup: int = 4
     """Steps after the cold step that are not timed."""
-    reps: int = 19
+    reps: int = 15
     """Timed samples per configuration (round-robin rounds)."""
     block: int = 5
     """Steps per timed sample."""

@@ -68,7 +68,7 @@ class TPBench:
     seed: int = 0
     warmup: int = 2
     """Untimed steps after the cold step."""
-    reps: int = 15
+    reps: int = 10
     """Timed samples (interleaved rounds) per configuration."""
     block: int = 4
     """Steps per timed sample."""
