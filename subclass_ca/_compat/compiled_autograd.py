@@ -68,9 +68,8 @@ def enable_compiled_autograd(compiler_fn: Callable[..., Any], *, dynamic: bool =
 
 #: sha256 prefixes of the ``compiled_autograd._enable`` sources activate() reproduces.
 KNOWN_ENABLE_SOURCES = frozenset({"537b7a55ad9c0f52"})
-_fingerprints: dict[int, tuple[Any, bool]] = {}
-_last_checked: list[Any] = [None]
-"""The last ``_enable`` found reproducible (the fast path's one identity check)."""
+_checked: tuple[Any, bool] = (None, False)
+"""The ``_enable`` last fingerprinted and whether activate() reproduces it (one identity check per enter)."""
 _cudagraph_trees_imported = False
 
 
@@ -81,17 +80,15 @@ def _torch_enable() -> Any:
 
 def fast_activation_supported(enable: Any = None) -> bool:
     """True when :func:`activate` may reproduce ``enable`` (torch's ``_enable``) directly."""
+    global _checked
     enable = _torch_enable() if enable is None else enable
-    cached = _fingerprints.get(id(enable))
-    if cached is None or cached[0] is not enable:
+    if _checked[0] is not enable:
         try:
             digest = hashlib.sha256(inspect.getsource(enable).encode()).hexdigest()[:16]
         except (OSError, TypeError):
             digest = ""
-        cached = _fingerprints[id(enable)] = (enable, digest in KNOWN_ENABLE_SOURCES)
-    if cached[1]:
-        _last_checked[0] = enable
-    return cached[1]
+        _checked = (enable, digest in KNOWN_ENABLE_SOURCES)
+    return _checked[1]
 
 
 def compiler_factory(compiler_fn: Callable[..., Any]) -> Any:
@@ -123,7 +120,7 @@ def activate(compiler_fn: Callable[..., Any], factory: Any, *, dynamic: bool) ->
     ca, ca_c, eval_frame = _modules()
     enable = ca._enable
     enable = getattr(enable, "__subclass_ca_original__", enable)
-    if eval_frame._stance.stance == "force_eager" or not (enable is _last_checked[0] or fast_activation_supported(enable)):
+    if eval_frame._stance.stance == "force_eager" or not fast_activation_supported(enable):
         context = enable(compiler_fn, dynamic=dynamic)
         context.__enter__()
         activation.torch_context = context

@@ -53,6 +53,8 @@ from .. import _compat, _runtime
 from . import bench_memory as _bench_memory
 from . import bench_models as _bench_models
 from . import bench_runtime as _bench_runtime
+from .bench_stats import rss_bytes, targets_table
+from .bench_stats import stats as _stats
 from .. import api as _api
 from ..diagnostics import named_callables
 
@@ -276,18 +278,6 @@ def _graph_compiles() -> int:
     return _compat.unique_graph_count()
 
 
-def rss_bytes() -> int:
-    """Current resident set size of this process (Linux /proc; peak RSS elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
 def _progress(total: int, enabled: bool, desc: str) -> Any:
     if enabled:
         try:
@@ -500,15 +490,6 @@ def _memory(settings: BenchSettings) -> list[dict[str, Any]]:
 # --- statistics and report ---------------------------------------------------------
 
 
-def _stats(samples: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    if len(ordered) >= 2:
-        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
-    else:
-        q1 = q3 = ordered[0]
-    return {"median": statistics.median(ordered), "q1": q1, "q3": q3, "min": ordered[0], "max": ordered[-1]}
-
-
 def _ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0 or a != a or b != b:
         return None
@@ -710,13 +691,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         "## Targets",
         "",
-        "| target | verdict | detail |",
-        "|---|---|---|",
+        *targets_table(TARGETS, results["verdicts"]),
     ]
-    for key, text in TARGETS.items():
-        v = results["verdicts"][key]
-        mark = {True: "**met**", False: "**missed**", None: "not measured"}[v["met"]]
-        out.append(f"| {text} | {mark} | {v['detail']} |")
     realistic = set(_bench_models.REALISTIC)
     micro_rows = [r for r in results["rows"] if r["model"] not in realistic]
     peak_note = _peak_note(results)

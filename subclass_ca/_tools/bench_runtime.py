@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,8 +25,9 @@ from .. import _compat
 from .. import api as _api
 from ..diagnostics import named_callables
 from . import bench_models as _bench_models
+from .bench_stats import rss_bytes, stats, targets_table
 
-__all__ = ["RuntimeBench", "run", "verdicts", "markdown_section", "TARGETS", "rss_kib"]
+__all__ = ["RuntimeBench", "run", "verdicts", "markdown_section", "TARGETS"]
 
 TARGETS: dict[str, str] = {
     "enter_exit": "enable() enter+exit <= stock compiled autograd's",
@@ -73,12 +72,6 @@ def _context_factory(mode: str, backend: str) -> Callable[[], Any]:
     return lambda: ours
 
 
-def _stats(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else (ordered[0],) * 3
-    return {"median": statistics.median(ordered), "q1": q1, "q3": q3, "min": ordered[0], "max": ordered[-1]}
-
-
 def _enter_exit(settings: RuntimeBench) -> dict[str, Any]:
     contexts = {mode: _context_factory(mode, settings.backend) for mode in CA_MODES}
     for make in contexts.values():
@@ -95,20 +88,9 @@ def _enter_exit(settings: RuntimeBench) -> dict[str, Any]:
                 with make():
                     pass
             samples[mode].append((time.perf_counter() - start) * 1e6 / pairs)
-    result: dict[str, Any] = {mode: _stats(values) for mode, values in samples.items()}
+    result: dict[str, Any] = {mode: stats(values) for mode, values in samples.items()}
     result["ratio"] = result["subclass_ca"]["median"] / result["stock_ca"]["median"]
     return result
-
-
-def rss_kib() -> int:
-    """Resident set size of this process now (Linux ``/proc``; peak RSS elsewhere)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-    except (OSError, ValueError, IndexError):
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 def _soak(settings: RuntimeBench) -> list[dict[str, Any]]:
@@ -126,7 +108,7 @@ def _soak(settings: RuntimeBench) -> list[dict[str, Any]]:
                 if step in (100, settings.soak_steps):
                     gc.collect()
                     checkpoints[step] = {
-                        "rss_kib": rss_kib(),
+                        "rss_kib": rss_bytes() // 1024,
                         "named_callables": len(named_callables()),
                         "captures": int(_compat.ca_counters().get("captures", 0)),
                     }
@@ -191,13 +173,8 @@ def markdown_section(result: dict[str, Any]) -> str:
         "200 warm-up pairs excluded; median (IQR) µs. Soak: the modes one after the other, context entered once, "
         f"`{settings['soak_model']}` at `{settings['size']}`, `{settings['backend']}`.",
         "",
-        "| target | verdict | detail |",
-        "|---|---|---|",
+        *targets_table(TARGETS, result["verdicts"]),
     ]
-    for key, text in TARGETS.items():
-        verdict = result["verdicts"][key]
-        mark = {True: "**met**", False: "**missed**", None: "not measured"}[verdict["met"]]
-        lines.append(f"| {text} | {mark} | {verdict['detail']} |")
     lines += [
         "",
         "| mode | µs per enter+exit, median (IQR) |",

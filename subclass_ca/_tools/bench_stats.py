@@ -1,0 +1,43 @@
+"""Pieces every bench section shares: sample statistics, process RSS, the targets table."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["stats", "rss_bytes", "targets_table"]
+
+
+def stats(samples: Sequence[float]) -> dict[str, float]:
+    """Median, quartiles (inclusive) and range of ``samples``."""
+    ordered = sorted(samples)
+    if len(ordered) >= 2:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    else:
+        q1 = q3 = ordered[0]
+    return {"median": statistics.median(ordered), "q1": q1, "q3": q3, "min": ordered[0], "max": ordered[-1]}
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process (Linux /proc; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def targets_table(targets: Mapping[str, str], verdicts: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Markdown rows: each target, met / missed / not measured, and its detail."""
+    lines = ["| target | verdict | detail |", "|---|---|---|"]
+    for key, text in targets.items():
+        verdict = verdicts[key]
+        mark = {True: "**met**", False: "**missed**", None: "not measured"}[verdict["met"]]
+        lines.append(f"| {text} | {mark} | {verdict['detail']} |")
+    return lines
