@@ -57,7 +57,16 @@ import torch
 from . import _compat, diagnostics
 from ._accumulate import allocation_keeps_type
 from ._nodes import graph_callable
-from ._recipe import Recipe, check_against, intern, outer_metadata, rebuild, recipe_from_meta
+from ._recipe import (
+    Recipe,
+    check_against,
+    check_same_rebuild,
+    intern,
+    outer_metadata,
+    rebuild,
+    recipe_by_id,
+    recipe_from_meta,
+)
 from .config import Config
 from .errors import RebuildError, UnsupportedSubclassError
 from .handler import default_handler
@@ -160,6 +169,12 @@ def _make_override(compiler: Any, examples: list[Any] | None, settings: Config) 
             expected = _static_expectation(recipe, metadata["dtype"], metadata["device"])
             recipe = dataclasses.replace(recipe, expected=expected, key=(recipe.key, "strict"))
         recipe_id = intern(recipe)
+        own_examples = _example_outputs(examples, start, count)
+        check_same_rebuild(  # Note [Metadata keys never hide a context] (_recipe.py)
+            recipe_by_id(recipe_id),
+            recipe,
+            None if own_examples is None else (lambda candidate: _example_rebuild(candidate, own_examples)),
+        )
         mode = recipe.handler.mode
         target = graph_callable(recipe.subclass_type, mode)
         own_args = [_compat.to_proxy(compiler, a) for a in unwrapped_args[start : start + count]]

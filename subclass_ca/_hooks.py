@@ -12,7 +12,7 @@ import torch
 
 from . import _compat
 from ._nodes import graph_callable
-from ._recipe import Recipe, intern, metadata_key, rebuild, recipe_by_id
+from ._recipe import Recipe, check_same_rebuild, intern, metadata_key, rebuild, recipe_by_id
 from .errors import HookOnSubclassError
 from .registry import get_handler
 
@@ -122,6 +122,8 @@ def subclass_trace_wrapped(*args: Any, fn: Any, **kwargs: Any) -> Any:
             "outside subclass_ca.enable() (Dynamo then inlines the hook into the forward graph)."
         ) from None
     recipe_id = intern(recipe)
+    # Note [Metadata keys never hide a context] (_recipe.py): the live grad has no fake twin to rebuild on
+    check_same_rebuild(recipe_by_id(recipe_id), recipe, None)
     if _flatten_callable is None:
         _flatten_callable = _compat.allow_in_graph(_flatten_for_hook)
     make = graph_callable(recipe.subclass_type, "proxy")

@@ -4,6 +4,26 @@ A :class:`Recipe` is built once per capture from AOTAutograd's creation metadata
 live instance, for hooks); graph nodes carry only its id, so a node's arguments are exactly
 the subclass's own inner tensors and symints.  Recipes are deduplicated by the handler's
 metadata key: a new key is a new recipe, so a metadata change never reuses a stale node.
+
+Note [Metadata keys never hide a context]
+-----------------------------------------
+A handler's ``metadata_key`` lets recipes whose flatten contexts differ only in parts that do
+not change the rebuilt tensor share one id; the interned recipe then rebuilds with the context
+of the *first* capture.  That is only right while the key covers every part of the context the
+rebuild reads, so two rules keep a key from ever hiding one:
+
+1. a handler inherited by a class that defines its own ``__tensor_flatten__`` or
+   ``__tensor_unflatten__`` keys by the whole context (``handler.same_flatten_protocol``): the
+   registered key was written for the parent's context, not the child's;
+2. at capture, a recipe whose key matches an interned one but whose context differs is rebuilt
+   both ways on the capture's fake outputs (:func:`check_same_rebuild`); if the two rebuilt
+   tensors flatten to different contexts (at any nesting level) or outer metadata, the capture
+   raises :class:`RebuildError` naming the handler and both contexts, before any gradient
+   exists.  Without fake outputs to rebuild, differing contexts are refused outright.
+
+So an interned recipe never rebuilds with a context other than the one torch's own epilogue
+would use; the check costs nothing when contexts are equal (every built-in handler's steady
+state) and runs once per capture otherwise.
 """
 
 from __future__ import annotations
@@ -25,6 +45,7 @@ __all__ = [
     "recipe_from_meta",
     "metadata_key",
     "intern",
+    "check_same_rebuild",
     "recipe_by_id",
     "recipe_count",
     "rebuild",
@@ -149,6 +170,54 @@ def intern(recipe: Recipe) -> int:
         _recipes.append(recipe)
         _recipe_ids[recipe.key] = len(_recipes) - 1
         return len(_recipes) - 1
+
+
+def _same_context(first: Any, second: Any) -> bool:
+    return _Hashable(first) == _Hashable(second)
+
+
+def _flatten_contexts(tensor: Any) -> Any:
+    """(type, context, outer metadata, inner contexts) of a rebuilt subclass, recursively."""
+    if not _compat.is_traceable_wrapper_subclass(tensor):
+        return None
+    names, ctx = tensor.__tensor_flatten__()
+    inner = tuple((name, _flatten_contexts(getattr(tensor, name))) for name in names)
+    metadata = outer_metadata(tensor)
+    metadata["size"] = tuple(_compat.size_hint(s) for s in metadata["size"])
+    metadata["stride"] = tuple(_compat.size_hint(s) for s in metadata["stride"])
+    return (type(tensor), _Hashable(ctx), tuple(metadata.items()), inner)
+
+
+def _contexts_differ(interned: Recipe, new: Recipe) -> bool:
+    if not _same_context(interned.ctx, new.ctx):
+        return True
+    new_parts = dict(new.parts)
+    return any(
+        isinstance(part, Recipe) and _contexts_differ(part, new_parts[attr]) for attr, part in interned.parts
+    )
+
+
+def check_same_rebuild(interned: Recipe, new: Recipe, rebuild_on_examples: Any) -> None:
+    """Refuse a metadata key that would make ``interned`` rebuild what ``new`` must rebuild differently.
+
+    ``rebuild_on_examples(recipe)`` rebuilds on the capture's fake outputs, or is None when
+    there are none (Note [Metadata keys never hide a context]).
+    """
+    if interned is new or not _contexts_differ(interned, new):
+        return
+    if rebuild_on_examples is not None:
+        if _flatten_contexts(rebuild_on_examples(interned)) == _flatten_contexts(rebuild_on_examples(new)):
+            return
+        how = "rebuilding with each gives tensors with different flatten contexts or metadata"
+    else:
+        how = "there were no example outputs to show the two rebuild alike"
+    raise RebuildError(
+        f"the metadata_key of the {new.handler.name} maps two different flatten contexts of "
+        f"{new.subclass_type.__qualname__} to the same key ({metadata_key(new.handler, new.ctx)!r}): {interned.ctx!r} (captured "
+        f"earlier) and {new.ctx!r} (this capture), and {how}, so reusing the earlier recipe would give this "
+        "gradient a stale context. No gradient was produced. Make metadata_key(ctx) cover every part of the "
+        "context that changes the rebuilt tensor (or drop metadata_key to key by the whole context)."
+    )
 
 
 def recipe_by_id(recipe_id: int) -> Recipe:

@@ -16,7 +16,16 @@ import torch
 
 from .errors import RegistrationError
 
-__all__ = ["Handler", "Mode", "MODES", "RebuildFn", "MetadataKeyFn", "default_handler", "inherited_handler"]
+__all__ = [
+    "Handler",
+    "Mode",
+    "MODES",
+    "RebuildFn",
+    "MetadataKeyFn",
+    "default_handler",
+    "inherited_handler",
+    "same_flatten_protocol",
+]
 
 Mode = Literal["proxy", "inline", "opaque"]
 #: proxy: one named allow_in_graph node per rebuild (default) ·
@@ -92,7 +101,10 @@ def check_callable_arity(fn: Any, arity: int, *, what: str, cls: type, expected:
 
 
 def inherited_handler(registered: Handler, cls: type) -> Handler:
-    """The handler a subclass ``cls`` of ``registered.cls`` gets: same mode and metadata key, its own class.
+    """The handler a subclass ``cls`` of ``registered.cls`` gets: same mode, its own class.
+
+    It keeps the registered metadata key only while it flattens exactly as the registered class
+    does; a child with its own flatten protocol is keyed by its whole context.
 
     A registered ``rebuild`` builds instances of the class it was written for, so the
     subclass is rebuilt through its own ``__tensor_unflatten__`` (the protocol), which is
@@ -102,9 +114,21 @@ def inherited_handler(registered: Handler, cls: type) -> Handler:
     return Handler(
         cls=cls,
         rebuild=unflatten_rebuild(cls),
-        metadata_key=registered.metadata_key,
+        metadata_key=registered.metadata_key if same_flatten_protocol(cls, registered.cls) else whole_context_key,
         mode=registered.mode,
         inherited_from=registered.cls,
+    )
+
+
+def same_flatten_protocol(cls: type, base: type) -> bool:
+    """Whether ``cls`` flattens exactly as ``base`` does (it overrides neither protocol method).
+
+    A registered ``metadata_key`` reads the context of the class it was written for; a child with
+    its own ``__tensor_flatten__``/``__tensor_unflatten__`` may put anything in its context, so
+    only the whole context identifies its graph (Note [Metadata keys never hide a context]).
+    """
+    return all(
+        getattr(cls, name, None) is getattr(base, name, None) for name in ("__tensor_flatten__", "__tensor_unflatten__")
     )
 
 
