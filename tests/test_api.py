@@ -171,3 +171,47 @@ def test_blocks_with_different_backends_each_capture_their_own_graph():
         step(x).backward()
     assert len(first.graphs) == 1 and len(second.graphs) == 1
     assert torch._dynamo.utils.counters["compiled_autograd"]["captures"] == 2
+
+
+def test_bare_decorator_runs_the_step_under_compiled_autograd():
+    """@subclass_ca.enable without parentheses (issue 25.4): the step runs inside a default block."""
+    w, step, x = _pair_model()
+
+    @subclass_ca.enable
+    def backward_step(batch):
+        step(batch).backward()
+
+    assert backward_step.__name__ == "backward_step"
+    backward_step(x)
+    assert isinstance(w.grad, PairTensor)
+    assert subclass_ca.last_report() is not None and subclass_ca.last_report().nodes_for("PairTensor") == 1
+    assert _compat.BLOCKS.depth == 0
+
+
+def test_bare_decorator_on_a_two_argument_step_is_not_taken_for_a_backend():
+    w, step, x = _pair_model()
+
+    @subclass_ca.enable
+    def backward_step(batch, scale):  # binds (gm, example_inputs) too: ambiguous until called
+        (step(batch) * scale).backward()
+
+    backward_step(x, 2.0)
+    assert isinstance(w.grad, PairTensor)
+    assert subclass_ca.last_report().nodes_for("PairTensor") == 1
+
+
+def test_bare_decorator_on_a_method_binds_like_the_method():
+    w, step, x = _pair_model()
+
+    class Trainer:
+        @subclass_ca.enable
+        def backward_step(self, batch):
+            step(batch).backward()
+
+    Trainer().backward_step(x)
+    assert isinstance(w.grad, PairTensor)
+
+
+def test_calling_an_enable_object_like_a_function_raises_a_clear_error():
+    with pytest.raises(TypeError, match=r"decorates one function .*with subclass_ca.enable\(\)"):
+        subclass_ca.enable()(torch.ones(2))
