@@ -33,7 +33,7 @@ from ._epilogue import proxy_call_aot_backward, warn_fallback_once
 from ._hooks import trace_wrapped_swaps
 from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes
 from .config import Config
-from .errors import GraphBreakError, SubclassCAError, UnsupportedSubclassError
+from .errors import BackwardCompileError, GraphBreakError, SubclassCAError, UnsupportedSubclassError
 
 __all__ = ["RUNTIME_PATCHES", "CACompiler", "cache_token", "enter_block", "exit_block", "current_token", "capture_with"]
 
@@ -134,7 +134,7 @@ class CompiledCAGraph:
         except Exception as error:
             if self._checked or not _compat.is_compile_failure(error):
                 if _compat.is_graph_break(error) and not self._graph_breaks_allowed and not raised_in_rebuild(error):
-                    raise _graph_break_error(error) from error
+                    raise _compile_error(error, args) from error
                 raise
             result = self._recover(error, args, kwargs)
         self._checked = True
@@ -146,7 +146,7 @@ class CompiledCAGraph:
     def _recover(self, error: Exception, args: Any, kwargs: Any) -> Any:
         if not raised_in_rebuild(error):
             if _compat.is_graph_break(error) and not self._graph_breaks_allowed:
-                raise _graph_break_error(error) from error
+                raise _compile_error(error, args) from error
             raise error
         names = sorted({node.target._subclass_ca_type.__qualname__ for node in subclass_nodes(self._graph_module.graph)})
         if self._config.on_unsupported != "eager":
@@ -166,6 +166,92 @@ class CompiledCAGraph:
             self._report.fallbacks.append(reason)
             warn_fallback_once(name, reason)
         return self._compiled(*args, **kwargs)
+
+
+# Note [Only real graph breaks become GraphBreakError]
+# ----------------------------------------------------
+# Dynamo reports every refusal as ``Unsupported``, but some are not code it could run eagerly
+# between compiled pieces, so ``fullgraph=False`` would not fix them:
+# * "Observed exception": the backward code itself raised while Dynamo traced it (e.g. torch's
+#   AOT prologue when a compiled function returned several outputs needing grad and backward
+#   ran on some only); run eagerly it raises too.  We say what raised, where, and whether the
+#   raising code is torch's or one of our rebuild nodes;
+# * "Failed to convert args/kwargs to proxy": a wrapper subclass without the flatten protocol
+#   reached the graph; we name the class and the missing methods (the check registration does).
+# Everything else is a real graph break and becomes GraphBreakError (``fullgraph=False`` helps).
+
+_NOT_GRAPH_BREAKS = ("Observed exception", "Failed to convert args/kwargs to proxy")
+
+
+def _compile_error(error: BaseException, args: Any) -> SubclassCAError:
+    """Our error for Dynamo's refusal to trace the CA graph (Note [Only real graph breaks become GraphBreakError])."""
+    kind = _compat.graph_break_type(error)
+    if kind.startswith("Failed to convert args/kwargs to proxy"):
+        unflattenable = _wrappers_without_protocol(args)
+        if unflattenable:
+            return UnsupportedSubclassError(
+                f"{', '.join(unflattenable)} reached the compiled-autograd graph but cannot be traced there: "
+                f"{_missing_protocol_text(unflattenable)}. No gradient was produced. Define __tensor_flatten__ "
+                "(inner tensor attribute names and a constant context) and __tensor_unflatten__(inner, ctx, "
+                "outer_size, outer_stride) on the class, or run this backward outside subclass_ca.enable()."
+            )
+    if kind.startswith(_NOT_GRAPH_BREAKS):
+        return _backward_raised_error(error, kind)
+    return _graph_break_error(error)
+
+
+def _wrappers_without_protocol(args: Any) -> list[str]:
+    names: set[str] = set()
+    for value in _leaves(args):
+        cls = type(value)
+        if (
+            isinstance(value, torch.Tensor)
+            and cls not in (torch.Tensor, torch.nn.Parameter)
+            and not _compat.is_traceable_wrapper_subclass(value)
+            and getattr(cls, "__torch_dispatch__", None) is not getattr(torch.Tensor, "__torch_dispatch__", None)
+        ):
+            names.add(f"{cls.__module__}.{cls.__qualname__}")
+    return sorted(names)
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _leaves(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    else:
+        yield value
+
+
+def _missing_protocol_text(names: list[str]) -> str:
+    plural = "they are wrapper subclasses" if len(names) > 1 else "it is a wrapper subclass"
+    return f"{plural} (own __torch_dispatch__) without __tensor_flatten__/__tensor_unflatten__"
+
+
+def _backward_raised_error(error: BaseException, kind: str) -> BackwardCompileError:
+    text = str(error)
+    raised = re.search(r"raised exception (.+)$", text, re.MULTILINE)
+    what = raised.group(1).strip() if raised else (repr(error.__cause__) if error.__cause__ else kind)
+    user_code = text.split("from user code:", 1)[1] if "from user code:" in text else ""
+    lines = [line.strip() for line in user_code.strip().splitlines() if line.strip()]
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', user_code)
+    where, whose = "", "torch's own backward code (compiled autograd's graph of torch's autograd nodes), not subclass_ca's"
+    if len(lines) >= 2:
+        where = f" at `{lines[1]}`"
+    if "subclass_ca_" in user_code or any("/subclass_ca/" in path for path, _, _ in frames):
+        whose = "subclass_ca's own code (a rebuild node or a handler's rebuild): please report it with this message"
+    elif any("/torch/" not in path and not path.startswith("<") for path, _, _ in frames):
+        path, line, name = next(f for f in frames if "/torch/" not in f[0] and not f[0].startswith("<"))
+        whose = f"your code ({name} in {path.rsplit('/', 1)[-1]}:{line}), which Dynamo traced in the backward"
+    return BackwardCompileError(
+        f"compiling the compiled-autograd graph failed: the backward code raised {what}{where} while Dynamo "
+        f"traced it. This is not a graph break: enable(fullgraph=False) would not fix it. It was raised by {whose}. "
+        "No gradient was produced. Run the same step without subclass_ca.enable() (torch.compile alone) to see "
+        "torch's own error for it: e.g. a compiled function that returns several outputs needing gradients, with "
+        "backward() on only some of them, fails there too (call .detach() on the outputs you do not backward through)."
+    )
 
 
 def _graph_break_error(error: BaseException) -> GraphBreakError:

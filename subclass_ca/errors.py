@@ -17,6 +17,7 @@ __all__ = [
     "FSDP2UnsupportedError",
     "HookOnSubclassError",
     "GraphBreakError",
+    "BackwardCompileError",
 ]
 
 
@@ -58,3 +59,7 @@ class HookOnSubclassError(SubclassCAError):
 
 class GraphBreakError(SubclassCAError):
     """The backward graph needs a graph break (code Dynamo cannot trace) while ``fullgraph=True``."""
+
+
+class BackwardCompileError(SubclassCAError):
+    """Compiling the backward graph failed for a reason that is not a graph break (``fullgraph=False`` would not help)."""

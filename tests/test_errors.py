@@ -167,5 +167,7 @@ def test_errors_share_one_base_class():
         subclass_ca.MetadataMismatchError,
         subclass_ca.UnsupportedSubclassError,
         subclass_ca.FSDP2UnsupportedError,
+        subclass_ca.GraphBreakError,
+        subclass_ca.BackwardCompileError,
     ):
         assert issubclass(error, subclass_ca.SubclassCAError)

@@ -19,6 +19,7 @@ __all__ = [
     "is_traceable_wrapper_subclass_type",
     "is_compile_failure",
     "is_graph_break",
+    "graph_break_type",
     "graph_break_counts",
     "dynamo_config_snapshot",
     "functorch_config_snapshot",
@@ -71,6 +72,15 @@ def is_compile_failure(error: BaseException) -> bool:
 def is_graph_break(error: BaseException) -> bool:
     """True for Dynamo's refusal to trace some code (what ``fullgraph=False`` would break the graph at)."""
     return isinstance(error, lookup("torch._dynamo.exc:Unsupported"))
+
+
+def graph_break_type(error: BaseException) -> str:
+    """Dynamo's short, context-free name for a refusal (``gb_type``; the first line of its text on older torch)."""
+    kind = getattr(error, "gb_type", None)
+    if isinstance(kind, str) and kind:
+        return kind
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def graph_break_counts() -> dict[str, int]:
