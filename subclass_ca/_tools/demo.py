@@ -648,7 +648,7 @@ def _main_dtensor(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.fsdp2:  # subclass_ca/fsdp2.py; docs/distributed.md
+    if args.fsdp2:  # subclass_ca/_tools/fsdp2_parity.py; docs/distributed.md
         from . import fsdp2_parity as fsdp2
 
         return fsdp2.demo_main(args)
