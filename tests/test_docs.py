@@ -245,6 +245,19 @@ def _argv(argv: list[str]):
         sys.argv = saved
 
 
+def _unknown_flags(prefix: list[str], args: list[str]) -> list[str]:
+    usage = _help(prefix)
+    flags = [a.split("=")[0] for a in args if a.startswith("--")]
+    return [f for f in flags if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", usage)]
+
+
+def test_the_flag_check_catches_a_flag_the_entry_point_lacks():
+    """Guard against a vacuous pass: the old docs' ``--modes`` (the flag is ``--fsdp2-modes``)."""
+    prefix, args = _entry_point(shlex.split("python -m subclass_ca fsdp2 --nproc 2 --modes eager --fsdp2-steps 2"))
+    assert prefix[-2:] == ["subclass_ca", "fsdp2"]
+    assert _unknown_flags(prefix, args) == ["--modes"]
+
+
 def _make_targets() -> set[str]:
     return set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M))
 
@@ -262,9 +275,7 @@ def test_bash_block_commands_exist(block: Block):
         else:
             entry = _entry_point(argv)
             assert entry is not None, f"{block.id}: don't know how to check {argv}"
-            prefix, args = entry
-            usage = _help(prefix)
-            unknown = [a.split("=")[0] for a in args if a.startswith("--") and a.split("=")[0] not in usage]
-            assert not unknown, f"{block.id}: `{' '.join(argv)}` passes {unknown}, not in `{' '.join(prefix[1:])} --help`"
+            unknown = _unknown_flags(*entry)
+            assert not unknown, f"{block.id}: `{' '.join(argv)}` passes {unknown}, not in `{' '.join(entry[0][1:])} --help`"
         checked += 1
     assert checked or "pip install" in block.code
