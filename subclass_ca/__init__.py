@@ -1,8 +1,9 @@
 """subclass_ca: compiled autograd for wrapper tensor subclasses.
 
 The whole public API is imported here; everything else is private or a submodule:
-``subclass_ca.diagnostics`` (reports, graph-callable and recipe counts) and
-``subclass_ca.testing`` (the testing kit).
+``subclass_ca.diagnostics`` (reports, graph-callable and recipe counts),
+``subclass_ca.testing`` (the testing kit) and ``subclass_ca.distributed`` (``run_workers``: a
+function on N local processes, bounded; tooling, imported only on demand).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m subclass_ca {demo,check,bench}``: each subcommand lives in its own module."""
+"""``python -m subclass_ca {demo,check,bench,fsdp2,versions}``: each subcommand lives in its own module."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ _COMMANDS = {
     "demo": ("subclass_ca._tools.demo", "train a small subclass model in four modes side by side"),
     "check": ("subclass_ca.testing._cli", "certify registered and zoo subclasses; print a table"),
     "bench": ("subclass_ca._tools.bench", "benchmark eager / compile / stock CA / subclass_ca"),
+    "fsdp2": ("subclass_ca._tools.fsdp2_parity", "FSDP2 (fully_shard) on N processes: each mode vs eager FSDP2 and a dense run"),
     "versions": ("subclass_ca._tools.support_table", "support table: run one torch lane (run) or merge lanes (render)"),
 }
 

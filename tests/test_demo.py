@@ -159,3 +159,85 @@ def test_cuda_demo_run_matches_eager(tmp_path: Path):
 def test_cuda_device_without_cuda_exits_2_with_the_fix(tmp_path: Path, capsys):
     assert _demo.main(["--device", "cuda", "--out", str(tmp_path)]) == 2
     assert "CUDA is not available; use --device cpu" in capsys.readouterr().err
+
+
+# --- --threads and the noisy-timing warning (synthetic timings: no training) -----------------
+
+
+def test_step_time_spread_is_iqr_over_median_and_none_below_the_minimum():
+    assert _demo.step_time_spread([1.0, 1.0, 1.0, 1.0]) == 0.0
+    assert _demo.step_time_spread([1.0] * 3) is None  # fewer than MIN_TIMED_STEPS
+    # quartiles (inclusive) of 1..5 are 2 and 4, median 3
+    assert _demo.step_time_spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2.0 / 3.0)
+    # one slow step (a late recompile) does not make a steady run noisy
+    assert _demo.step_time_spread([1.0] * 9 + [50.0]) == 0.0
+
+
+def _synthetic_results(step_times: dict[str, list[float]]) -> dict:
+    modes = {mode: {"status": "ok", "step_time_spread": _demo.step_time_spread(times), "timed_steps": len(times)}
+             for mode, times in step_times.items()}
+    modes["stock_ca"] = {"status": "failed"}
+    return {"models": {"pair": {"modes": modes}}}
+
+
+def test_noise_warnings_name_the_noisy_and_the_too_short_runs_only():
+    steady = [1.0, 1.02, 0.99, 1.01, 1.0, 1.0]
+    noisy = [1.0, 2.0, 0.5, 3.0, 1.0, 1.5]
+    lines = _demo.noise_warnings(_synthetic_results({"eager": steady, "compile": noisy, "subclass_ca": [1.0, 1.0]}))
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("pair/compile: step times spread") and "IQR/median > 25%" in lines[0]
+    assert lines[1].startswith("pair/subclass_ca: only 2 timed step(s)")
+    assert _demo.noise_warnings(_synthetic_results({"eager": steady, "compile": steady, "subclass_ca": steady})) == []
+
+
+def _fake_train(step_times: dict[str, list[float]], seen_threads: list[int]):
+    import torch
+
+    def train(config, model_name, mode, tick):
+        seen_threads.append(torch.get_num_threads())
+        times = step_times[mode]
+        return _demo.RunResult(mode=mode, losses=[[0.5]] * len(times), step_times_s=list(times),
+                               final_params=[torch.zeros(2)])
+
+    return train
+
+
+def test_demo_warns_when_step_times_are_too_noisy_and_sets_threads_only_while_timing(monkeypatch, tmp_path: Path, capsys):
+    import torch
+
+    steady = [9.0, 9.0, 1.0, 1.01, 0.99, 1.0, 1.02, 1.0]  # the first 2 steps are warm-up
+    noisy = [9.0, 9.0, 1.0, 3.0, 0.4, 2.5, 1.0, 0.5]
+    seen: list[int] = []
+    monkeypatch.setattr(_demo, "_train", _fake_train({"eager": steady, "subclass_ca": noisy}, seen))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        code = _demo.main(["--quick", "--models", "pair", "--modes", "eager,subclass_ca", "--backend", "aot_eager",
+                           "--no-progress", "--out", str(tmp_path)])
+        assert torch.get_num_threads() == 2  # restored after the run
+    finally:
+        torch.set_num_threads(before)
+    out = capsys.readouterr().out
+    assert code == 0
+    assert seen == [1, 1]  # --threads defaults to 1 while timing
+    assert "1 thread(s)" in out
+    assert "warning: step times too noisy to compare" in out
+    assert "pair/subclass_ca: step times spread" in out and "pair/eager" not in out.split("warning:")[1]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["config"]["threads"] == 1 and len(results["noise_warnings"]) == 1
+
+
+def test_demo_prints_no_warning_for_steady_timings_and_honours_threads(monkeypatch, tmp_path: Path, capsys):
+    steady = [9.0, 9.0, 1.0, 1.01, 0.99, 1.0, 1.02, 1.0]
+    seen: list[int] = []
+    monkeypatch.setattr(_demo, "_train", _fake_train({"eager": steady, "subclass_ca": steady}, seen))
+    code = _demo.main(["--quick", "--models", "pair", "--modes", "eager,subclass_ca", "--backend", "aot_eager",
+                       "--no-progress", "--threads", "2", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0 and seen == [2, 2]
+    assert "too noisy" not in out
+
+
+def test_threads_below_one_exit_2_naming_the_field(tmp_path: Path, capsys):
+    assert _demo.main(["--threads", "-1", "--out", str(tmp_path)]) == 2
+    assert "DemoConfig.threads must be a positive int" in capsys.readouterr().err

@@ -219,3 +219,17 @@ def _alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_public_distributed_module_is_the_launcher_and_not_imported_by_subclass_ca():
+    import subprocess
+    import sys
+
+    import subclass_ca.distributed as public
+    from subclass_ca._tools import launcher
+
+    assert public.run_workers is launcher.run_workers
+    assert public.WorkerError is launcher.WorkerError and public.WorkerTimeoutError is launcher.WorkerTimeoutError
+    assert set(public.__all__) == {"run_workers", "WorkerError", "WorkerTimeoutError", "free_port"}
+    code = "import sys, subclass_ca; assert 'subclass_ca.distributed' not in sys.modules; assert 'subclass_ca._tools.launcher' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

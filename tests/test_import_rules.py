@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "subclass_ca"
-TOOLING = ("_tools", "testing", "__main__")
+TOOLING = ("_tools", "testing", "__main__", "distributed")
 RUNTIME_MODULES = sorted(
     p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0].removesuffix(".py") not in TOOLING
 )
@@ -64,7 +64,7 @@ def _private_torch_uses(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", RUNTIME_MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_runtime_never_imports_tooling(path: Path):
-    tooling = [n for n in _imported(path) if n.startswith(("subclass_ca._tools", "subclass_ca.testing", "subclass_ca.__main__"))]
+    tooling = [n for n in _imported(path) if n.startswith(("subclass_ca._tools", "subclass_ca.testing", "subclass_ca.__main__", "subclass_ca.distributed"))]
     assert not tooling, f"{path.relative_to(PACKAGE)} imports tooling: {tooling}"
 
 

@@ -939,7 +939,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = json.load(f)
     else:
         results = run(settings)
-    if args.fsdp2:  # subclass_ca/fsdp2.py: step time vs eager FSDP2, correctness checked
+    if args.fsdp2:  # subclass_ca/_tools/fsdp2_parity.py: step time vs eager FSDP2, correctness checked
         from . import fsdp2_parity as fsdp2
 
         results["fsdp2"] = fsdp2.bench(world_size=args.nproc)

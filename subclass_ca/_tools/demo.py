@@ -72,6 +72,10 @@ class DemoConfig:
     """Which modes to run (``eager`` always runs: it is the reference)."""
     progress: bool = True
     """Show a tqdm progress bar when tqdm is installed."""
+    threads: int | None = 1
+    """``torch.set_num_threads`` while training and timing (restored after); None: leave torch's setting.
+    One thread by default: on a shared or small machine, more threads make step times jump
+    with whatever else runs, and these models are too small to gain from them."""
 
     def __post_init__(self) -> None:
         if self.steps < 2:
@@ -84,6 +88,9 @@ class DemoConfig:
         unknown = [m for m in self.modes if m not in MODES]
         if unknown:
             raise ValueError(f"DemoConfig.modes: unknown {unknown}; allowed values are {list(MODES)}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ValueError(f"DemoConfig.threads must be a positive int or None (torch's default; --threads 0), "
+                             f"got {self.threads!r}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"DemoConfig.device={self.device!r} but CUDA is not available; use --device cpu")
 
@@ -294,6 +301,47 @@ def _max_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
     return max((float((x - y).abs().max()) if x.numel() else 0.0 for x, y in zip(a, b)), default=0.0)
 
 
+# Note [Noisy step times]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# The table compares median step times, which says nothing when the steps of one run spread
+# widely (another process took the cores, a frequency change, a GC pause).  The spread of a
+# run is the interquartile range of its timed steps (after warm-up) over their median; a run
+# whose spread exceeds NOISE_THRESHOLD (0.25: the middle half of its steps spans more than a
+# quarter of the median), or that has fewer than MIN_TIMED_STEPS timed steps, makes the demo
+# print a warning under the table: those medians are not a sound basis for a speedup.  The
+# IQR rather than the standard deviation: one slow step (a late recompile) does not trip it.
+
+NOISE_THRESHOLD = 0.25
+"""A run's step times are too noisy to compare when IQR / median exceeds this."""
+MIN_TIMED_STEPS = 4
+"""Fewer timed steps than this: too few to estimate a spread (the warning says so)."""
+
+
+def step_time_spread(step_times_s: Sequence[float]) -> float | None:
+    """IQR / median of ``step_times_s`` (the timed steps), or None with fewer than MIN_TIMED_STEPS."""
+    if len(step_times_s) < MIN_TIMED_STEPS:
+        return None
+    q1, median, q3 = statistics.quantiles(step_times_s, n=4, method="inclusive")
+    return (q3 - q1) / median if median > 0 else math.inf
+
+
+def noise_warnings(results: dict[str, Any], threshold: float = NOISE_THRESHOLD) -> list[str]:
+    """One line per (model, mode) whose step times are too noisy to compare (Note [Noisy step times])."""
+    lines = []
+    for model_name, model in results["models"].items():
+        for mode, entry in model["modes"].items():
+            if entry.get("status") != "ok":
+                continue
+            spread = entry.get("step_time_spread")
+            if spread is None:
+                lines.append(f"{model_name}/{mode}: only {entry.get('timed_steps', 0)} timed step(s), "
+                             f"too few to tell noise from speed (use more --steps)")
+            elif spread > threshold:
+                lines.append(f"{model_name}/{mode}: step times spread {spread:.0%} of the median "
+                             f"(IQR/median > {threshold:.0%})")
+    return lines
+
+
 def _summarize(config: DemoConfig, runs: dict[str, RunResult]) -> dict[str, Any]:
     eager = runs["eager"]
     eager_median = statistics.median(eager.step_times_s[config.warmup :]) if eager.status == "ok" else None
@@ -313,6 +361,8 @@ def _summarize(config: DemoConfig, runs: dict[str, RunResult]) -> dict[str, Any]
                 losses=run.curve,
                 step_times_s=run.step_times_s,
                 median_step_s=median,
+                timed_steps=len(run.step_times_s[config.warmup :]),
+                step_time_spread=step_time_spread(run.step_times_s[config.warmup :]),
                 speedup_vs_eager=(eager_median / median) if eager_median and median > 0 else None,
                 max_loss_diff_vs_eager=loss_diff,
                 max_param_diff_vs_eager=param_diff,
@@ -437,9 +487,13 @@ def run_demo(config: DemoConfig, out: Path) -> dict[str, Any]:
     progress = _Progress(len(config.models) * len(modes) * config.steps, config.progress)
     results: dict[str, Any] = {
         "config": {**asdict(config), "tolerance": config.tolerance, "torch": torch.__version__,
-                   "subclass_ca": subclass_ca.__version__},
+                   "subclass_ca": subclass_ca.__version__, "torch_threads": config.threads or torch.get_num_threads(),
+                   "noise_threshold": NOISE_THRESHOLD},
         "models": {},
     }
+    threads_before = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
     try:
         for model_name in config.models:
             runs = {}
@@ -453,6 +507,8 @@ def run_demo(config: DemoConfig, out: Path) -> dict[str, Any]:
             results["models"][model_name] = {"description": description, "modes": _summarize(config, runs)}
     finally:
         progress.close()
+        torch.set_num_threads(threads_before)
+    results["noise_warnings"] = noise_warnings(results)
     ca_entries = [m["modes"]["subclass_ca"] for m in results["models"].values() if "subclass_ca" in m["modes"]]
     results["ok"] = all(entry["within_tolerance"] for entry in ca_entries)
     plot_path = out / "demo.png"
@@ -601,6 +657,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {list(MODES)}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch.set_num_threads while timing (default 1: steadier step times; 0: torch's default)")
     parser.add_argument("--dtensor", action="store_true", help="multi-process DTensor training vs a dense run")
     parser.add_argument("--fsdp2", action="store_true",
                         help="multi-process FSDP2 (fully_shard) training: eager / compile / subclass_ca / stock CA vs a dense run")
@@ -648,7 +706,7 @@ def _main_dtensor(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.fsdp2:  # subclass_ca/fsdp2.py; docs/distributed.md
+    if args.fsdp2:  # subclass_ca/_tools/fsdp2_parity.py; docs/distributed.md
         from . import fsdp2_parity as fsdp2
 
         return fsdp2.demo_main(args)
@@ -661,20 +719,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = DemoConfig(
             steps=steps, warmup=min(2 if args.quick else 5, steps - 1), backend=args.backend, device=args.device,
             seed=args.seed, models=_split(args.models), modes=_split(args.modes), progress=not args.no_progress,
+            threads=None if args.threads == 0 else args.threads,
         )
         subclass_ca.enable(backend=args.backend)  # validates the backend name before any training
     except ValueError as error:
         print(f"subclass_ca demo: {error}", file=sys.stderr)
         return 2
     out = Path(args.out)
+    threads = config.threads or torch.get_num_threads()
     print(f"subclass_ca demo: {config.steps} steps per run, backend={config.backend}, device={config.device}, "
-          f"torch {torch.__version__}")
+          f"torch {torch.__version__}, {threads} thread(s)")
     results = run_demo(config, out)
     print()
     print(format_table(results))
     print()
     print(f"tolerance vs eager: {config.tolerance:g} (losses at every step and final parameters)")
     print(f"median step time excludes the first {config.warmup} step(s) (compilation)")
+    if results["noise_warnings"]:
+        print()
+        print("warning: step times too noisy to compare (the speedups above may not be real):")
+        print("\n".join("  " + line for line in results["noise_warnings"]))
+        print("  rerun on an idle machine or with more --steps" + ("" if config.threads == 1 else ", or with --threads 1"))
     print()
     print(format_reports(results))
     print()

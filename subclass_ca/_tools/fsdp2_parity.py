@@ -1,6 +1,6 @@
 """FSDP2 (``fully_shard``) training under subclass_ca, verified against eager FSDP2 and a dense reference.
 
-``python -m subclass_ca.fsdp2 --nproc 2`` trains one small MLP (per-layer and root
+``python -m subclass_ca fsdp2 --nproc 2`` trains one small MLP (per-layer and root
 ``fully_shard``, gloo on 127.0.0.1, different data per rank) in several modes and checks
 that every mode ends with the same sharded DTensor parameters and gradients as eager
 FSDP2 and as a single-process dense model trained on the rank-averaged gradient:
@@ -416,7 +416,7 @@ def markdown_section(summary: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"Command: `{summary.get('command', 'python -m subclass_ca.fsdp2')}`.  Stock compiled autograd is not timed: "
+        f"Command: `{summary.get('command', 'python -m subclass_ca fsdp2')}`.  Stock compiled autograd is not timed: "
         "on torch 2.13 it leaves FSDP2's first layer unsharded with an un-reduced gradient (see docs/distributed.md).",
         "",
     ]
@@ -470,7 +470,7 @@ def run_from_args(args: argparse.Namespace, *, backend: str | None = None) -> di
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m subclass_ca.fsdp2", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m subclass_ca fsdp2", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2, help="world size (processes on 127.0.0.1, gloo)")
     parser.add_argument("--backend", default="aot_eager")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are terminated")

@@ -2,7 +2,9 @@
 
 ``versions run --json FILE`` runs every row on the installed torch twice, under stock
 compiled autograd and under ``subclass_ca.enable()``, and records pass / fail (with the error)
-/ skip (with the reason).  ``versions render FILE... --out docs/versions.md`` merges the
+/ skip (with the reason).  Progress goes to stderr from the start (a tqdm bar when tqdm is
+installed, else one line per row as it starts; ``--no-progress`` turns it off), each row's
+result to stdout when it ends.  ``versions render FILE... --out docs/versions.md`` merges the
 lanes into one markdown table.  ``make versions`` does both for every lane.
 """
 
@@ -242,16 +244,77 @@ def _torchao_status() -> str:
     return str(getattr(torchao, "__version__", "?"))
 
 
-def run_lane(out: Path, *, quick: bool = False) -> dict[str, Any]:
-    rows: dict[str, dict[str, dict[str, str]]] = {}
+class _Progress:
+    """Progress of ``versions run`` on stderr from its first second: a tqdm bar when tqdm is
+    installed (shown at 0/N before the first row starts), else one line per row as it starts."""
+
+    def __init__(self, total: int, *, stream: Any = None, use_tqdm: bool = True) -> None:
+        self.total, self.index = total, 0
+        self.stream = sys.stderr if stream is None else stream
+        self._bar = None
+        print(f"versions run: {total} rows x {len(MODES)} modes ({', '.join(MODES)}) on torch {torch.__version__}, "
+              f"{BACKEND}", file=self.stream, flush=True)
+        if use_tqdm:
+            try:
+                from tqdm.auto import tqdm  # noqa: PLC0415
+            except ImportError:
+                pass
+            else:
+                self._bar = tqdm(total=total, unit="row", file=self.stream, dynamic_ncols=True, mininterval=0)
+                self._bar.refresh()
+
+    def start(self, name: str) -> None:
+        self.index += 1
+        if self._bar is not None:
+            self._bar.set_description(name[:48])
+            self._bar.refresh()
+        else:
+            print(f"[{self.index}/{self.total}] {name} ...", file=self.stream, flush=True)
+
+    def done(self) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def lane_rows(*, quick: bool = False) -> dict[str, Callable[[], dict[str, dict[str, str]]]]:
+    """Every row of one lane: name -> a function returning ``{mode: outcome}``."""
+    rows: dict[str, Callable[[], dict[str, dict[str, str]]]] = {}
     for name, row in EXTRA_ROWS.items():
-        rows[name] = {mode: _outcome(lambda row=row, mode=mode: row(mode)) for mode in MODES}
-        print(f"{name}: " + ", ".join(f"{m}={rows[name][m]['status']}" for m in MODES), flush=True)
+        rows[name] = lambda row=row: {mode: _outcome(lambda mode=mode: row(mode)) for mode in MODES}
     if not quick:
         for name, run in _kit_rows().items():
-            rows[name] = {mode: run(mode) for mode in MODES}
-            print(f"{name}: " + ", ".join(f"{m}={rows[name][m]['status']}" for m in MODES), flush=True)
-    lane = {"torch": torch.__version__, "torchao": _torchao_status(), "python": platform.python_version(), "rows": rows}
+            rows[name] = lambda run=run: {mode: run(mode) for mode in MODES}
+    return rows
+
+
+def run_lane(
+    out: Path,
+    *,
+    quick: bool = False,
+    progress: bool = True,
+    rows: dict[str, Callable[[], dict[str, dict[str, str]]]] | None = None,
+    stream: Any = None,
+) -> dict[str, Any]:
+    """Run every row (``rows``: default :func:`lane_rows`), print one result line per row, write ``out``."""
+    rows = lane_rows(quick=quick) if rows is None else rows
+    bar = _Progress(len(rows), stream=stream, use_tqdm=progress) if progress else None
+    results: dict[str, dict[str, dict[str, str]]] = {}
+    try:
+        for name, run in rows.items():
+            if bar is not None:
+                bar.start(name)
+            results[name] = run()
+            if bar is not None:
+                bar.done()
+            print(f"{name}: " + ", ".join(f"{m}={results[name][m]['status']}" for m in MODES), flush=True)
+    finally:
+        if bar is not None:
+            bar.close()
+    lane = {"torch": torch.__version__, "torchao": _torchao_status(), "python": platform.python_version(), "rows": results}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(lane, indent=1))
     return lane
@@ -309,12 +372,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_p = sub.add_parser("run", help="run every row on this torch, write one lane's JSON")
     run_p.add_argument("--json", type=Path, required=True)
     run_p.add_argument("--quick", action="store_true", help="training-style rows only (no kit battery)")
+    run_p.add_argument("--no-progress", action="store_true", help="no progress on stderr (tqdm bar, else a line per row)")
     render_p = sub.add_parser("render", help="merge lane JSON files into a markdown table")
     render_p.add_argument("lanes", nargs="+", type=Path)
     render_p.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.command == "run":
-        run_lane(args.json, quick=args.quick)
+        run_lane(args.json, quick=args.quick, progress=not args.no_progress)
         return 0
     args.out.write_text(render([json.loads(p.read_text()) for p in args.lanes]))
     print(f"wrote {args.out}")
