@@ -38,7 +38,9 @@ What subclass_ca's NF4 handler does and does not do here
 * subclass_ca registers a handler for ``NF4Tensor`` (``subclass_ca.handlers.torchao``,
   registered lazily, without importing torchao).  It is used only if compiled autograd's
   backward epilogue had to build an ``NF4Tensor`` (an NF4-typed gradient); it would then
-  rebuild it from its inner tensors under a metadata key of its flatten context.  QLoRA never
+  rebuild it with ``NF4Tensor.__tensor_unflatten__`` (the protocol default), one graph
+  callable per distinct block sizes / shape / strides / dtype / device (its metadata key,
+  since NF4's flatten context is an unhashable dict).  QLoRA never
   produces one, and this script does not exercise that path.
 * It does not train NF4 weights, does not dequantize or requantize anything, and does not
   change torchao's numerics: the losses equal eager's (bitwise with ``aot_eager`` on CPU,
