@@ -3,9 +3,8 @@
 Each script's ``--check`` trains the model twice from the same init and data -- compiled
 forward with ``loss.backward()`` under ``subclass_ca.enable()``, and plain eager (eager FSDP2
 for the torchrun script) -- compares losses and adapters with ``assert_close`` and exits 1 on
-a mismatch.  Here both run in subprocesses on ``aot_eager`` (cheap); the inductor run of the
-single-process script is checked by hand (docs/examples.md): its compile does not fit the
-suite's budget on two CPU cores.
+a mismatch.  Here both run in subprocesses on ``aot_eager`` (cheap), and the single-process
+script once more on its default ``inductor`` backend (``@pytest.mark.inductor``).
 """
 
 from __future__ import annotations
@@ -69,6 +68,14 @@ def test_qlora_example_matches_eager():
     lines = _step_lines(run.stdout)
     assert len(lines) == 2 * STEPS, run.stdout[-3000:]
     assert lines[:STEPS] == lines[STEPS:]
+
+
+@pytest.mark.inductor
+def test_qlora_example_matches_eager_on_inductor():
+    """The script's default backend (about 35 s of CPU time, most of it inductor compiling)."""
+    run = _run([sys.executable, str(EXAMPLES / "qlora.py"), "--backend", "inductor", "--steps", "2", "--check"], 300)
+    assert run.returncode == 0, run.stdout[-6000:]
+    assert "check passed: 2 losses and 28 adapters match eager (inductor)" in run.stdout, run.stdout[-3000:]
 
 
 def test_qlora_example_rejects_a_bad_step_count():
