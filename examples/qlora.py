@@ -175,7 +175,7 @@ def train(model: nn.Module, args: argparse.Namespace, *, compiled: bool, rank: i
         loss = F.mse_loss(forward(x), target)
         with subclass_ca.enable(backend=args.backend) if compiled else contextlib.nullcontext():
             loss.backward()
-        grad_types |= {type(p.grad).__name__ for p in lora_parameters(model).values()}
+        grad_types |= {_type_name(p.grad) for p in lora_parameters(model).values()}
         nf4_grads += [name for name, p in nf4_weights(model).items() if p.grad is not None]
         opt.step()
         losses.append(loss.detach())
@@ -190,8 +190,23 @@ def train(model: nn.Module, args: argparse.Namespace, *, compiled: bool, rank: i
     return result
 
 
-def compare(got: dict[str, Any], want: dict[str, Any], got_model: nn.Module, want_model: nn.Module, args: argparse.Namespace) -> list[str]:
-    """Problems (empty: none) between the compiled run and the eager run."""
+def _type_name(t: torch.Tensor | None) -> str:
+    """``Tensor``, ``NF4Tensor``, ...; a DTensor with its local type: ``DTensor[Tensor]``."""
+    if hasattr(t, "to_local"):
+        return f"{type(t).__name__}[{type(t.to_local()).__name__}]"
+    return type(t).__name__
+
+
+def compare(
+    got: dict[str, Any],
+    want: dict[str, Any],
+    got_model: nn.Module,
+    want_model: nn.Module,
+    args: argparse.Namespace,
+    *,
+    grad_types: frozenset[str] = frozenset({"Tensor"}),
+) -> list[str]:
+    """Problems (empty: none) between the compiled run and the eager run (``grad_types``: the adapters' expected grad types)."""
     # aot_eager runs eager's kernels: default float32 tolerances.  inductor fuses, and AdamW
     # divides each update by the gradient's running RMS, so a rounding difference in a
     # near-zero gradient moves an adapter value by up to ~1e-4 after a few steps.
@@ -207,8 +222,8 @@ def compare(got: dict[str, Any], want: dict[str, Any], got_model: nn.Module, wan
             torch.testing.assert_close(_full(param), _full(want_params[name]), **tolerance)
         except AssertionError as error:
             problems.append(f"{name} differs from eager: {error}")
-    if got["grad_types"] != {"Tensor"}:
-        problems.append(f"adapter gradients should be plain Tensors, got {sorted(got['grad_types'])}")
+    if got["grad_types"] != grad_types:
+        problems.append(f"adapter gradients should be {sorted(grad_types)} (plain local values), got {sorted(got['grad_types'])}")
     if got["nf4_grads"]:
         problems.append(f"frozen NF4 weights got a gradient: {got['nf4_grads']}")
     if got.get("nf4_nodes") != 0:

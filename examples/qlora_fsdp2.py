@@ -70,20 +70,6 @@ def shard(model: qlora.QLoRAModel) -> qlora.QLoRAModel:
     return model
 
 
-def train(model: nn.Module, args: argparse.Namespace, *, compiled: bool, rank: int) -> dict[str, Any]:
-    """``examples/qlora.py``'s loop on this rank's batches (FSDP2 reduces the gradients)."""
-    import torch.distributed as dist
-
-    dist.barrier()
-    result = qlora.train(model, args, compiled=compiled, rank=rank)
-    # the adapter grads of the last step: DTensors whose local shards are plain tensors
-    result["grad_types"] = {
-        f"{type(p.grad).__name__}[{type(p.grad.to_local()).__name__}]" if hasattr(p.grad, "to_local") else type(p.grad).__name__
-        for p in qlora.lora_parameters(model).values()
-    }
-    return result
-
-
 def check(args: argparse.Namespace, model: nn.Module, result: dict[str, Any], initial: dict[str, torch.Tensor], rank: int) -> int:
     """Train the eager FSDP2 reference and compare; the same exit status on every rank."""
     import torch.distributed as dist
@@ -91,9 +77,10 @@ def check(args: argparse.Namespace, model: nn.Module, result: dict[str, Any], in
     if rank == 0:
         print("check: training the same model under eager FSDP2", flush=True)
     eager_model = shard(qlora.build_model(args.seed, args.device))
-    expected = train(eager_model, args, compiled=False, rank=rank)
-    result = {**result, "grad_types": {"Tensor"} if result["grad_types"] == {"DTensor[Tensor]"} else result["grad_types"]}
-    problems = qlora.compare(result, expected, model, eager_model, args) + qlora.frozen_unchanged(model, initial)
+    dist.barrier()
+    expected = qlora.train(eager_model, args, compiled=False, rank=rank)
+    problems = qlora.compare(result, expected, model, eager_model, args, grad_types=frozenset({"DTensor[Tensor]"}))
+    problems += qlora.frozen_unchanged(model, initial)
     failed = torch.tensor([1.0 if problems else 0.0], device=args.device)
     dist.all_reduce(failed)  # every rank agrees on the outcome
     if problems:
@@ -114,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     initial = {name: qlora._quantized_data(p) for name, p in qlora.nf4_weights(model).items()}
     if not initial:
         raise RuntimeError("no NF4 shard found after fully_shard")
-    result = train(model, args, compiled=True, rank=rank)
+    result = qlora.train(model, args, compiled=True, rank=rank)  # this rank's batches; FSDP2 reduces the grads
     if rank == 0:
         print(f"world size {world_size}; {len(initial)} frozen NF4 weights sharded as DTensor[NF4Tensor]; "
               f"adapter grads {sorted(result['grad_types'])}; NF4 nodes in the backward graph: {result['nf4_nodes']}",
