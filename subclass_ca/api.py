@@ -14,11 +14,41 @@ from .config import Config
 __all__ = ["enable", "reset"]
 
 
+_valid_backend_names: set[str] = set()
+"""Backend names already found registered: each name is looked up in torch's registry once."""
+_COMMON_DEBUG_BACKENDS = ("aot_eager", "eager")
+"""Tagged "debug" by torch, so absent from ``list_backends()``, but what users compile with when testing."""
+
+
 def _check_backend(backend: Any) -> None:
-    if isinstance(backend, str):
-        known = torch.compiler.list_backends(exclude_tags=())
-        if backend not in known:
-            raise ValueError(f"enable(backend=...): unknown backend {backend!r}; allowed values are {sorted(known)} or a callable")
+    if not isinstance(backend, str) or backend in _valid_backend_names:
+        return
+    known = torch.compiler.list_backends(exclude_tags=())
+    if backend not in known:
+        user_facing = sorted({*torch.compiler.list_backends(), *(b for b in _COMMON_DEBUG_BACKENDS if b in known)})
+        raise ValueError(
+            f"enable(backend=...): unknown backend {backend!r}; pass a callable or a registered backend name, "
+            f"e.g. {user_facing} (torch.compiler.list_backends(exclude_tags=()) lists every registered name, "
+            "debug and testing ones included)"
+        )
+    _valid_backend_names.add(backend)
+
+
+# Note [Interned settings]
+# ------------------------
+# The idiom is a fresh ``enable(...)`` per training step.  Equal settings therefore share one
+# validated Config, one CACompiler (its compiler factory built once) and one cache token
+# (``_runtime.settings_for``), so constructing an ``enable`` costs a dict lookup: keyword
+# arguments seen before map straight to their Settings (``_by_keywords``), without building or
+# validating a Config.  The flags are keyed by identity (``id(True)``), so ``dynamic=1`` never
+# finds ``dynamic=True``'s entry and is still rejected; compile kwargs are keyed with each
+# value's type; values that cannot be hashed (e.g. ``options={...}``) take the slow path,
+# which still ends in the shared Settings.  Whether cache-miss reasons are collected is read
+# on every construction, as before (``report=True`` or the ``subclass_ca`` logger at INFO).
+
+_by_keywords: dict[tuple[Any, ...], _runtime.Settings] = {}
+_MAX_KEYWORD_SETS = 1024
+"""Beyond this many distinct keyword sets (e.g. a new lambda backend per step) no more are remembered."""
 
 
 class enable(contextlib.ContextDecorator):
@@ -47,6 +77,43 @@ class enable(contextlib.ContextDecorator):
         fullgraph: bool | None = None,
         **compile_kwargs: Any,
     ) -> None:
+        if config is None:
+            key: tuple[Any, ...] = (backend, on_unsupported, id(dynamic), id(strict), id(report), id(fullgraph))
+            if compile_kwargs:
+                key += tuple((name, type(value), value) for name, value in compile_kwargs.items())
+            try:
+                settings = _by_keywords.get(key)
+            except TypeError:  # an unhashable value: build and validate a Config below
+                settings, key = None, None
+            if settings is None:
+                settings = self._settings(backend, dynamic, strict, on_unsupported, report, fullgraph, compile_kwargs)
+                if key is not None and len(_by_keywords) < _MAX_KEYWORD_SETS:
+                    _by_keywords[key] = settings
+            self.config = settings.config
+        else:
+            if not isinstance(config, Config):
+                raise TypeError(f"enable(config=...) takes a subclass_ca.Config, got {type(config).__name__}")
+            keywords = [name for name, value in (("backend", backend), ("dynamic", dynamic), ("strict", strict),
+                        ("on_unsupported", on_unsupported), ("report", report), ("fullgraph", fullgraph))
+                        if value is not None]
+            if keywords or compile_kwargs:
+                raise TypeError(
+                    f"enable(config=...) was also given {sorted([*keywords, *compile_kwargs])}: put every setting "
+                    "in the Config (dataclasses.replace(config, ...)) or pass keywords only"
+                )
+            _check_backend(config.backend)
+            settings = _runtime.settings_for(config)
+            self.config = config
+        self._compiler = settings.compiler
+        self._token = settings.token
+        self._miss_log = settings.config.report or diagnostics.miss_reasons_requested()
+
+    @staticmethod
+    def _settings(
+        backend: Any, dynamic: Any, strict: Any, on_unsupported: Any, report: Any, fullgraph: Any,
+        compile_kwargs: dict[str, Any],
+    ) -> _runtime.Settings:
+        """Validate keyword settings into a Config (first time seen) and return their shared Settings."""
         keywords = {
             name: value
             for name, value in (
@@ -59,21 +126,9 @@ class enable(contextlib.ContextDecorator):
             )
             if value is not None
         }
-        if config is not None:
-            if not isinstance(config, Config):
-                raise TypeError(f"enable(config=...) takes a subclass_ca.Config, got {type(config).__name__}")
-            if keywords or compile_kwargs:
-                raise TypeError(
-                    f"enable(config=...) was also given {sorted([*keywords, *compile_kwargs])}: put every setting "
-                    "in the Config (dataclasses.replace(config, ...)) or pass keywords only"
-                )
-        else:
-            config = Config(**keywords, compile_kwargs=compile_kwargs)
+        config = Config(**keywords, compile_kwargs=compile_kwargs)
         _check_backend(config.backend)
-        self.config = config
-        self._compiler = _runtime.CACompiler(config)
-        self._token = _runtime.cache_token(config)
-        self._miss_log = config.report or diagnostics.miss_reasons_requested()
+        return _runtime.settings_for(config)
 
     def __enter__(self) -> enable:
         _runtime.enter_block(self, self.config, self._compiler, self._token, miss_log=self._miss_log)
