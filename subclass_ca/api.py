@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +51,7 @@ _MAX_KEYWORD_SETS = 1024
 """Beyond this many distinct keyword sets (e.g. a new lambda backend per step) no more are remembered."""
 
 
-class enable(contextlib.ContextDecorator):
+class enable:
     """Capture ``backward()`` with compiled autograd, rebuilding subclasses through our proxy.
 
     Use as ``with subclass_ca.enable(): loss.backward()`` or as a decorator on a training
@@ -64,6 +64,9 @@ class enable(contextlib.ContextDecorator):
     blocks, calling torch's own everywhere else, and :func:`reset` restores them exactly
     (Note [Resident patches]).  Blocks nest (Note [enable() blocks and threads]).
     """
+
+    # No instance __dict__: a fresh object per training step is the idiom (Note [Interned settings]).
+    __slots__ = ("config", "_compiler", "_token", "_miss_log")
 
     def __init__(
         self,
@@ -136,6 +139,16 @@ class enable(contextlib.ContextDecorator):
 
     def __exit__(self, *exc_info: Any) -> bool:
         return _runtime.exit_block(self, exc_info)
+
+    def __call__(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        """As a decorator: every call of ``func`` runs inside this block (as ``contextlib.ContextDecorator``)."""
+
+        @functools.wraps(func)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return func(*args, **kwargs)
+
+        return inner
 
 
 def reset() -> None:
