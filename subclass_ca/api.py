@@ -40,7 +40,7 @@ def _check_backend(backend: Any) -> None:
 # validated Config, one CACompiler (its compiler factory built once) and one cache token
 # (``_runtime.settings_for``), so constructing an ``enable`` costs a dict lookup: keyword
 # arguments seen before map straight to their Settings (``_by_keywords``), without building or
-# validating a Config.  The flags are keyed by identity (``id(True)``), so ``dynamic=1`` never
+# validating a Config.  Flags given are keyed by identity (``id(True)``), so ``dynamic=1`` never
 # finds ``dynamic=True``'s entry and is still rejected; compile kwargs are keyed with each
 # value's type; values that cannot be hashed (e.g. ``options={...}``) take the slow path,
 # which still ends in the shared Settings.  Whether cache-miss reasons are collected is read
@@ -81,7 +81,11 @@ class enable:
         **compile_kwargs: Any,
     ) -> None:
         if config is None:
-            key: tuple[Any, ...] = (backend, on_unsupported, id(dynamic), id(strict), id(report), id(fullgraph))
+            key: tuple[Any, ...]
+            if dynamic is None and strict is None and report is None and fullgraph is None:
+                key = (backend, on_unsupported)  # the usual call: enable(backend=...)
+            else:
+                key = (backend, on_unsupported, id(dynamic), id(strict), id(report), id(fullgraph))
             if compile_kwargs:
                 key += tuple((name, type(value), value) for name, value in compile_kwargs.items())
             try:

@@ -66,6 +66,9 @@ def test_equal_settings_share_one_config_compiler_and_token():
     assert second.config is first.config and from_config.config == first.config
     assert second._token == first._token == from_config._token
     assert first._compiler.factory is second._compiler.factory
+    # defaults spelled out are the same settings as defaults left out
+    spelled = subclass_ca.enable(backend="aot_eager", dynamic=True, strict=False, on_unsupported="error", fullgraph=True)
+    assert spelled._compiler is subclass_ca.enable()._compiler
 
 
 def test_a_fresh_enable_with_equal_settings_reuses_the_captured_graph():
