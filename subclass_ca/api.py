@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +47,8 @@ def _check_backend(backend: Any) -> None:
 # which still ends in the shared Settings.  Whether cache-miss reasons are collected is read
 # on every construction, as before (``report=True`` or the ``subclass_ca`` logger at INFO).
 
+_info_enabled = diagnostics.logger.isEnabledFor
+"""``diagnostics.miss_reasons_requested`` without its frame: asked on every construction."""
 _by_keywords: dict[tuple[Any, ...], _runtime.Settings] = {}
 _MAX_KEYWORD_SETS = 1024
 """Beyond this many distinct keyword sets (e.g. a new lambda backend per step) no more are remembered."""
@@ -113,7 +116,7 @@ class enable:
             self.config = config
         self._compiler = settings.compiler
         self._token = settings.token
-        self._miss_log = settings.config.report or diagnostics.miss_reasons_requested()
+        self._miss_log = settings.config.report or _info_enabled(logging.INFO)  # diagnostics.miss_reasons_requested()
 
     @staticmethod
     def _settings(

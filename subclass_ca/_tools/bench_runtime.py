@@ -8,7 +8,10 @@ adds what those rows cannot show:
   ``compiled_autograd._enable``, interleaved rounds, median with spread; our object both
   reused and fresh per pair (``with subclass_ca.enable(backend=...):`` in a training loop
   builds one per step: construction + enter + exit).  Stock's context is single-use (a
-  generator), so its row is always a fresh one;
+  generator), so its row is always a fresh one.  Timed as this thread's CPU time
+  (``time.thread_time``): the pairs are CPU work in one thread that never waits, and on a
+  shared machine wall time also counts the slices the scheduler gives other processes
+  (rounds then differ by 2x or more);
 * **soak**: ``soak_steps`` steps per CA mode (entered once); process RSS, subclass_ca's named
   callables and CA captures at step 100 and at the end.  RSS is process-wide, so the modes
   run one after the other and each reports its own growth between the two checkpoints.
@@ -91,11 +94,11 @@ def _enter_exit(settings: RuntimeBench) -> dict[str, Any]:
     for index in range(_ROUNDS):
         for mode in (ENTER_EXIT_MODES if index % 2 == 0 else ENTER_EXIT_MODES[::-1]):
             make = contexts[mode]
-            start = time.perf_counter()
+            start = time.thread_time()
             for _ in range(pairs):
                 with make():
                     pass
-            samples[mode].append((time.perf_counter() - start) * 1e6 / pairs)
+            samples[mode].append((time.thread_time() - start) * 1e6 / pairs)
     result: dict[str, Any] = {mode: stats(values) for mode, values in samples.items()}
     result["ratio"] = result["subclass_ca"]["median"] / result["stock_ca"]["median"]
     result["ratio_fresh"] = result["subclass_ca_fresh"]["median"] / result["stock_ca"]["median"]
@@ -187,8 +190,9 @@ def markdown_section(result: dict[str, Any]) -> str:
         "## Runtime overhead: enter/exit and soak",
         "",
         f"enter+exit: {settings['enter_exit_pairs']} pairs per mode (a reused `enable()` object and a fresh one "
-        "per pair) in {_ROUNDS} interleaved rounds (order alternating), "
-        "200 warm-up pairs excluded; median (IQR) µs. Soak: the modes one after the other, context entered once, "
+        f"per pair) in {_ROUNDS} interleaved rounds (order alternating), "
+        "200 warm-up pairs excluded; this thread's CPU time (`time.thread_time`), median (IQR) µs. "
+        "Soak: the modes one after the other, context entered once, "
         f"`{settings['soak_model']}` at `{settings['size']}`, `{settings['backend']}`.",
         "",
         *targets_table(TARGETS, result["verdicts"]),

@@ -58,3 +58,4 @@ def test_a_tiny_run_measures_every_part_and_renders():
     text = bench_runtime.markdown_section(result)
     assert "## Runtime overhead" in text and "subclass_ca.enable()" in text and "(200 steps)" in text
     assert "a fresh object each time" in text and "construction + enter + exit" in text
+    assert f"in {bench_runtime._ROUNDS} interleaved rounds" in text
