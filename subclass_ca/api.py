@@ -65,7 +65,9 @@ class enable:
     before: compiled autograd off (or the outer block's), its flags, multithreading and logger
     restored; the few torch functions subclass_ca wraps stay installed but act only inside
     blocks, calling torch's own everywhere else, and :func:`reset` restores them exactly
-    (Note [Resident patches]).  Blocks nest (Note [enable() blocks and threads]).
+    (Note [Resident patches]).  Blocks nest (Note [enable() blocks and threads]).  A fresh
+    ``enable(...)`` per step is cheap: equal settings share one validated Config, compiler and
+    CA cache token (Note [Interned settings]).
     """
 
     # No instance __dict__: a fresh object per training step is the idiom (Note [Interned settings]).
