@@ -46,6 +46,8 @@ def _check_backend(backend: Any) -> None:
 # value's type; values that cannot be hashed (e.g. ``options={...}``) take the slow path,
 # which still ends in the shared Settings.  Whether cache-miss reasons are collected is read
 # on every construction, as before (``report=True`` or the ``subclass_ca`` logger at INFO).
+# Settings live as long as the process, like the cache tokens they carry (a new callable
+# backend per step makes a new one per step, as it made a new token before).
 
 _info_enabled = diagnostics.logger.isEnabledFor
 """``diagnostics.miss_reasons_requested`` without its frame: asked on every construction."""
