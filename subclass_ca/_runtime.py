@@ -20,6 +20,7 @@ cache-key token of the innermost block (Note [Keeping CA caches apart]).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -35,7 +36,10 @@ from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes
 from .config import Config
 from .errors import BackwardCompileError, GraphBreakError, SubclassCAError, UnsupportedSubclassError
 
-__all__ = ["RUNTIME_PATCHES", "CACompiler", "cache_token", "enter_block", "exit_block", "current_token", "capture_with"]
+__all__ = [
+    "RUNTIME_PATCHES", "CACompiler", "cache_token", "Settings", "settings_for",
+    "enter_block", "exit_block", "current_token", "capture_with",
+]
 
 
 class CompiledCAGraph:
@@ -362,6 +366,43 @@ def cache_token(config: Config, *, raw: bool = False) -> int:
         if token is None:
             token = _cache_tokens[key] = len(_cache_tokens)
         return token
+
+
+# --- one compiler per configuration (Note [Interned settings] in api.py) ----------
+
+
+class Settings:
+    """One validated configuration with its compiler and cache token, shared by equal ``enable()`` calls."""
+
+    __slots__ = ("config", "compiler", "token")
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.compiler = CACompiler(config)
+        """Shared, so its ``factory`` is built once per configuration, not once per ``enable()``."""
+        self.token = cache_token(config)
+
+
+_settings: dict[tuple[Any, ...], Settings] = {}
+_settings_lock = threading.Lock()
+
+
+def settings_for(config: Config) -> Settings:
+    """The :class:`Settings` of every configuration equal to ``config`` (the first one seen is kept).
+
+    Equal means equal cache keys (:func:`cache_token`: compile kwargs compared by ``repr``) and
+    the same ``report``, which is not part of the cache key but is read by the compiler.  The
+    interned ``Config`` holds its own copy of ``compile_kwargs``.
+    """
+    key = (*_cache_key(config), config.report)
+    found = _settings.get(key)
+    if found is None:
+        with _settings_lock:
+            found = _settings.get(key)
+            if found is None:
+                interned = dataclasses.replace(config, compile_kwargs=dict(config.compile_kwargs))
+                found = _settings[key] = Settings(interned)
+    return found
 
 
 # --- blocks (Note [enable() blocks and threads]) ----------------------------------
