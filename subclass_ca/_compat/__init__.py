@@ -60,6 +60,7 @@ FEATURES: dict[str, str] = {
     "functorch config": "torch._functorch:config",
     "deferred tensor hooks (trace_wrapped)": dynamo.TRACE_WRAPPED,
     "deferred tensor hooks caller": dynamo.TRACE_WRAPPED_USERS[0] + ":trace_wrapped",
+    "deferred module backward hooks caller": dynamo.TRACE_WRAPPED_USERS[2] + ":trace_wrapped",
     "traceable wrapper subclass protocol": "torch.utils._python_dispatch:is_traceable_wrapper_subclass",
     "autograd engine final callbacks": "torch.autograd:Variable._execution_engine.queue_callback",
     **{f"FSDP2 {name}": dotted for name, dotted in fsdp.FSDP2_TYPES.items()},
