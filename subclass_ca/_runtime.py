@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import _compat, _fsdp2, diagnostics
-from ._accumulate import steal_subclass_accumulates
+from ._accumulate import accumulate_dummy_swap, steal_subclass_accumulates
 from ._epilogue import proxy_call_aot_backward, warn_fallback_once
 from ._hooks import trace_wrapped_swaps
 from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes
@@ -353,6 +353,7 @@ RUNTIME_PATCHES = _compat.PatchSet(
         _compat.aot_backward_swap(proxy_call_aot_backward),
         _compat.cache_key_swap(current_token),
         *trace_wrapped_swaps(),
+        accumulate_dummy_swap(),
         *_compat.capture_watch_swaps(diagnostics.capture_abandoned),
     ],
     resident=True,

@@ -126,3 +126,27 @@ def test_stock_compiled_autograd_has_no_subclass_rule_for_module_hooks():
 
     with pytest.raises(Exception, match="no rule registered for HOP trace_wrapped"):
         _train("post", False, "aot_eager", lambda: _compat.enable_compiled_autograd(compiler_fn, dynamic=True))
+
+
+def _error_text(hook) -> str:
+    """The error chain's text: the check runs while Dynamo traces the CA graph, which wraps it."""
+    model = TwoLayers()
+    model.second.register_full_backward_hook(hook)
+    forward = torch.compile(model, backend="aot_eager")
+    with pytest.raises(Exception) as info, subclass_ca.enable():
+        forward(torch.randn(3, 4)).sin().sum().backward()
+    chain = [info.value]
+    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    assert model.second.weight.grad is None
+    return "\n".join(str(e) for e in chain)
+
+
+def test_module_hook_returning_none_for_a_subclass_gradient_names_the_subclass_and_the_fix():
+    text = _error_text(lambda mod, grad_input, grad_output: tuple(None for _ in grad_input))
+    assert "returned None in place of a TwoTensor gradient" in text and "Return the gradient unchanged there" in text
+
+
+def test_module_hook_returning_the_wrong_structure_names_the_cause_and_the_fix():
+    text = _error_text(lambda mod, grad_input, grad_output: grad_input[0] * 2.0)
+    assert "returned TwoTensor in place of 1 gradients" in text and "return None or a tuple with one gradient per place" in text
