@@ -12,8 +12,9 @@ import torch
 
 from . import _compat
 from ._recipe import Recipe, rebuild
+from .errors import UnsupportedSubclassError
 
-__all__ = ["allocation_keeps_type", "accumulate_subclass_grad", "steal_subclass_accumulates"]
+__all__ = ["allocation_keeps_type", "accumulate_subclass_grad", "steal_subclass_accumulates", "grad_placeholder", "accumulate_dummy_swap"]
 
 # Note [Subclass gradients and AccumulateGrad]
 # --------------------------------------------
@@ -29,6 +30,21 @@ __all__ = ["allocation_keeps_type", "accumulate_subclass_grad", "steal_subclass_
 # accumulation (``.grad`` was None at capture) to :func:`accumulate_subclass_grad`, which
 # steals exactly when eager does (matching strides) and defers to torch otherwise.
 # Accumulating into an existing ``.grad`` is left to torch (``grad + new``), as in eager.
+
+# Note [Parameters that cannot allocate]
+# --------------------------------------
+# While capturing, compiled autograd's ``accumulate_grad`` gives the parameter a placeholder
+# ``.grad``: ``torch.empty_like(param)`` (``allocate_dummy_like``).  Nothing else needs the
+# parameter to allocate -- eager never calls ``empty_like`` on it, the gradient is allocated
+# from the gradient -- so a subclass parameter that implements only its compute ops (torchao's
+# int8 quantized-training weight: ``NotImplementedError ... aten.empty_like``) trains in eager
+# and compile-only but failed the capture with torch's raw error.  Inside ``enable()`` blocks
+# :func:`accumulate_dummy_swap` keeps torch's placeholder where ``empty_like`` works and
+# otherwise uses a plain ``empty_strided`` with the parameter's size, stride, dtype and device
+# (:func:`grad_placeholder`): only a capture-time stand-in, re-traced by Dynamo from the real
+# values, so the ``.grad`` type stays whatever the backward produces, as in eager.  Where even
+# that cannot be built the capture raises :class:`UnsupportedSubclassError` naming the subclass,
+# the op and the fix.
 
 _stock_accumulate: Any = None
 
@@ -80,3 +96,27 @@ def steal_subclass_accumulates(graph_module: torch.fx.GraphModule) -> list[str]:
     if retargeted:
         graph_module.recompile()
     return retargeted
+
+
+def grad_placeholder(param: torch.Tensor) -> torch.Tensor | None:
+    """The capture-time ``.grad`` placeholder for a subclass parameter that cannot ``empty_like``.
+
+    None for a plain tensor (torch's error stands).  See Note [Parameters that cannot allocate].
+    """
+    if not _compat.is_traceable_wrapper_subclass(param):
+        return None
+    try:
+        return torch.empty_strided(param.size(), param.stride(), dtype=param.dtype, device=param.device)
+    except Exception as error:
+        name = type(param).__qualname__
+        raise UnsupportedSubclassError(
+            f"compiled autograd needs a placeholder for the .grad of a {name} parameter: aten.empty_like on the "
+            f"{name} failed and a plain tensor of its size {list(param.size())}, dtype {param.dtype} and device "
+            f"{param.device} could not be made either ({type(error).__name__}: {error}). Implement aten.empty_like "
+            f"in {name}.__torch_dispatch__ (returning a {name} or a plain tensor of the same size)."
+        ) from error
+
+
+def accumulate_dummy_swap() -> _compat.Swap:
+    """The swap giving compiled autograd :func:`grad_placeholder` where ``empty_like`` on a parameter fails."""
+    return _compat.accumulate_dummy_swap(grad_placeholder)

@@ -33,6 +33,18 @@ __all__ = ["trace_wrapped_swaps"]
 # stays plain; at CA time Dynamo inlines :func:`_hook_on_rebuilt`, which rebuilds the
 # gradient through the named ``subclass_ca_make_<Type>`` node (a recipe like any other),
 # calls the user's hook on it and flattens the result back with ``subclass_ca_flatten``.
+#
+# The same HOP carries full backward module hooks (``register_full_backward_hook`` /
+# ``register_full_backward_pre_hook``): Dynamo's ``BackwardHookVariable`` installs a
+# ``BackwardHook`` whose hooks are ``partial(trace_wrapped, fn=call_module_hooks_from_backward_state,
+# ...)``, called as ``trace_wrapped(None, grad_inputs, grad_outputs)`` (post hook) or
+# ``trace_wrapped(None, grad_outputs)`` (pre hook): tuples of gradients, some of them None,
+# the returned value shaped like ``args[1]`` (``args[0]`` for a tensor hook), as torch's
+# proxy rule for the HOP reads it.  So the rule is general, not per hook kind: every
+# subclass tensor anywhere in the arguments (tuples/lists of tensors and None) travels as a
+# tuple of its plain inner tensors under its own recipe; at CA time each is rebuilt before
+# the hook runs, and the hook's result is flattened back along the returned argument's
+# recipes.  Plain tensors and None pass through as they are.
 
 class _NotDesugarable(Exception):
     """Internal: this value cannot travel through trace_wrapped as plain inner tensors."""
@@ -96,40 +108,112 @@ _flatten_for_hook.__module__ = "subclass_ca"
 _flatten_callable: Any = None
 
 
-def _hook_on_rebuilt(flat: Any, *, hook_fn: Any, make: Any, flatten: Any, recipe: int, **kwargs: Any) -> Any:
-    """Traced by Dynamo at CA time: rebuild the subclass gradient, run the hook, flatten its result."""
-    grad = make(*flat, recipe=recipe)
-    result = hook_fn(grad, **kwargs)
+def _desugared(value: Any) -> tuple[Any, Any]:
+    """(``value`` with every subclass tensor replaced by a tuple of its inner tensors, its plan).
+
+    The plan has ``value``'s structure: a recipe id where a subclass was, None elsewhere.
+    """
+    if isinstance(value, torch.Tensor) and _compat.is_traceable_wrapper_subclass(value):
+        flat: list[torch.Tensor] = []
+        try:
+            recipe = _recipe_from_instance(value, flat)
+        except _NotDesugarable as why:
+            raise HookOnSubclassError(
+                f"a backward hook receiving a {type(value).__qualname__} gradient inside the compiled region "
+                f"cannot be captured: {why}. Register the hook outside the torch.compile'd function, or compile "
+                "the forward outside subclass_ca.enable() (Dynamo then runs the hook in the forward's place)."
+            ) from None
+        recipe_id = intern(recipe)
+        # Note [Metadata keys never hide a context] (_recipe.py): the live grad has no fake twin to rebuild on
+        check_same_rebuild(recipe_by_id(recipe_id), recipe, None)
+        return tuple(flat), recipe_id
+    if isinstance(value, (tuple, list)):
+        pairs = [_desugared(item) for item in value]
+        if all(plan is None for _, plan in pairs):
+            return value, None
+        return type(value)(item for item, _ in pairs), tuple(plan for _, plan in pairs)
+    return value, None
+
+
+def _resugared(value: Any, plan: Any, makes: dict[int, Any]) -> Any:
+    """Undo :func:`_desugared`: ``makes[id]`` is the named node rebuilding recipe ``id``."""
+    if plan is None:
+        return value
+    if isinstance(plan, int):
+        return makes[plan](*value, recipe=plan)
+    return type(value)(_resugared(item, sub, makes) for item, sub in zip(value, plan))
+
+
+def _desugared_like(value: Any, plan: Any, flatten: Any) -> Any:
+    """A hook's result flattened along ``plan``, the recipes of the argument it replaces."""
+    if plan is None:
+        return value
+    if isinstance(plan, int):
+        if value is None:
+            recipe = recipe_by_id(plan)
+            raise HookOnSubclassError(
+                f"a backward hook returned None in place of a {recipe.subclass_type.__qualname__} gradient; "
+                "inside compiled autograd a hook must return None as a whole or a gradient of the same subclass "
+                f"({recipe.subclass_type.__qualname__}) and layout in that place. Return the gradient unchanged there."
+            )
+        return flatten(value, recipe=plan)
+    if not isinstance(value, (tuple, list)) or len(value) != len(plan):
+        raise HookOnSubclassError(
+            f"a backward hook returned {type(value).__qualname__} in place of {len(plan)} gradients (some of them "
+            "tensor subclasses); return None or a tuple with one gradient per place."
+        )
+    return tuple(_desugared_like(item, sub, flatten) for item, sub in zip(value, plan))
+
+
+def _result_index(args: tuple[Any, ...]) -> int:
+    """Which argument the HOP's output replaces: ``args[1]`` for module hooks (``args[0]`` is None)."""
+    return 1 if len(args) > 1 and args[0] is None else 0
+
+
+def _hook_on_rebuilt(*flat: Any, hook_fn: Any, makes: Any, flatten: Any, plans: Any, **kwargs: Any) -> Any:
+    """Traced by Dynamo at CA time: rebuild the subclass gradients, run the hook, flatten its result."""
+    rebuilt = [_resugared(value, plan, makes) for value, plan in zip(flat, plans)]
+    result = hook_fn(*rebuilt, **kwargs)
+    index = _result_index(flat)
     if result is None:
-        return flat
-    return flatten(result, recipe=recipe)
+        return flat[index]
+    return _desugared_like(result, plans[index], flatten)
 
 
 def subclass_trace_wrapped(*args: Any, fn: Any, **kwargs: Any) -> Any:
     """Dynamo's ``trace_wrapped`` with subclass gradients desugared (Note [Hooks on subclass intermediates])."""
     global _flatten_callable
     original = _original_trace_wrapped
-    grad = args[0] if len(args) == 1 else None
-    if grad is None or not _compat.is_traceable_wrapper_subclass(grad):
+    pairs = [_desugared(value) for value in args]
+    plans = tuple(plan for _, plan in pairs)
+    if all(plan is None for plan in plans):
         return original(*args, fn=fn, **kwargs)
-    flat: list[torch.Tensor] = []
-    try:
-        recipe = _recipe_from_instance(grad, flat)
-    except _NotDesugarable as why:
-        raise HookOnSubclassError(
-            f"a tensor hook on a {type(grad).__qualname__} intermediate inside the compiled region cannot be "
-            f"captured: {why}. Register the hook outside the torch.compile'd function, or compile the forward "
-            "outside subclass_ca.enable() (Dynamo then inlines the hook into the forward graph)."
-        ) from None
-    recipe_id = intern(recipe)
-    # Note [Metadata keys never hide a context] (_recipe.py): the live grad has no fake twin to rebuild on
-    check_same_rebuild(recipe_by_id(recipe_id), recipe, None)
     if _flatten_callable is None:
         _flatten_callable = _compat.allow_in_graph(_flatten_for_hook)
-    make = graph_callable(recipe.subclass_type, "proxy")
-    wrapped = functools.partial(_hook_on_rebuilt, hook_fn=fn, make=make, flatten=_flatten_callable, recipe=recipe_id)
-    outs = original(tuple(flat), fn=wrapped, **kwargs)
-    return rebuild(recipe, list(outs))
+    makes = {
+        recipe_id: graph_callable(recipe_by_id(recipe_id).subclass_type, "proxy") for recipe_id in _recipe_ids(plans)
+    }
+    wrapped = functools.partial(_hook_on_rebuilt, hook_fn=fn, makes=makes, flatten=_flatten_callable, plans=plans)
+    flat = tuple(value for value, _ in pairs)
+    outs = original(*flat, fn=wrapped, **kwargs)
+    return _rebuilt_outputs(outs, plans[_result_index(args)])
+
+
+def _recipe_ids(plan: Any) -> list[int]:
+    if plan is None:
+        return []
+    if isinstance(plan, int):
+        return [plan]
+    return [recipe_id for sub in plan for recipe_id in _recipe_ids(sub)]
+
+
+def _rebuilt_outputs(outs: Any, plan: Any) -> Any:
+    """The HOP's traced outputs with each desugared subclass rebuilt (at AOT trace time)."""
+    if plan is None:
+        return outs
+    if isinstance(plan, int):
+        return rebuild(recipe_by_id(plan), list(outs))
+    return type(outs)(_rebuilt_outputs(item, sub) for item, sub in zip(outs, plan))
 
 
 _original_trace_wrapped: Any = None

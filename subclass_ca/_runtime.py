@@ -19,6 +19,7 @@ cache-key token of the innermost block (Note [Keeping CA caches apart]).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import re
@@ -29,11 +30,12 @@ from typing import Any
 import torch
 
 from . import _compat, _fsdp2, diagnostics
-from ._accumulate import steal_subclass_accumulates
+from ._accumulate import accumulate_dummy_swap, steal_subclass_accumulates
 from ._epilogue import proxy_call_aot_backward, warn_fallback_once
 from ._hooks import trace_wrapped_swaps
 from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes
 from .config import Config
+from . import errors
 from .errors import BackwardCompileError, GraphBreakError, SubclassCAError, UnsupportedSubclassError
 
 __all__ = [
@@ -182,6 +184,8 @@ class CompiledCAGraph:
 #   raising code is torch's or one of our rebuild nodes;
 # * "Failed to convert args/kwargs to proxy": a wrapper subclass without the flatten protocol
 #   reached the graph; we name the class and the missing methods (the check registration does).
+# * one of our own checks raised while Dynamo traced our code (e.g. HookOnSubclassError from a
+#   hook's result): that error itself is raised, chained to Dynamo's.
 # Everything else is a real graph break and becomes GraphBreakError (``fullgraph=False`` helps).
 
 _NOT_GRAPH_BREAKS = ("Observed exception", "Failed to convert args/kwargs to proxy")
@@ -189,6 +193,9 @@ _NOT_GRAPH_BREAKS = ("Observed exception", "Failed to convert args/kwargs to pro
 
 def _compile_error(error: BaseException, args: Any) -> SubclassCAError:
     """Our error for Dynamo's refusal to trace the CA graph (Note [Only real graph breaks become GraphBreakError])."""
+    ours = _own_error_in_chain(error)
+    if ours is not None:  # one of our checks refused while Dynamo traced it: that is the cause
+        return type(ours)(str(ours))
     kind = _compat.graph_break_type(error)
     if kind.startswith("Failed to convert args/kwargs to proxy"):
         unflattenable = _wrappers_without_protocol(args)
@@ -202,6 +209,26 @@ def _compile_error(error: BaseException, args: Any) -> SubclassCAError:
     if kind.startswith(_NOT_GRAPH_BREAKS):
         return _backward_raised_error(error, kind)
     return _graph_break_error(error)
+
+
+def _own_error_in_chain(error: BaseException) -> SubclassCAError | None:
+    """Our error inside Dynamo's: chained, or raised by traced code (Dynamo records only its repr)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, SubclassCAError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    observed = re.search(r"raised exception (\w+)\((.*)\)\s*$", str(error), re.MULTILINE)
+    cls = getattr(errors, observed.group(1), None) if observed else None
+    if isinstance(cls, type) and issubclass(cls, SubclassCAError):
+        try:
+            arguments = ast.literal_eval(f"({observed.group(2)},)")
+        except (ValueError, SyntaxError):
+            return None
+        return cls(*arguments)
+    return None
 
 
 def _wrappers_without_protocol(args: Any) -> list[str]:
@@ -480,6 +507,7 @@ RUNTIME_PATCHES = _compat.PatchSet(
         _compat.aot_backward_swap(proxy_call_aot_backward),
         _compat.cache_key_swap(current_token),
         *trace_wrapped_swaps(),
+        accumulate_dummy_swap(),
         *_compat.capture_watch_swaps(diagnostics.capture_abandoned),
     ],
     resident=True,

@@ -39,6 +39,7 @@ __all__ = [
     "compiler_fn_of",
     "aot_backward_swap",
     "cache_key_swap",
+    "accumulate_dummy_swap",
     "call_accumulate_grad",
 ]
 
@@ -314,6 +315,31 @@ def aot_backward_swap(wrapper: Callable[..., Any]) -> AttributeSwap:
         return _untraced(gated(BLOCKS, original, proxy_call_aot_backward))
 
     return AttributeSwap(lambda: lookup(COMPILER_INSTANCE), "proxy_call_aot_backward", make)
+
+
+def accumulate_dummy_swap(fallback: Callable[[torch.Tensor], torch.Tensor | None]) -> AttributeSwap:
+    """``AutogradCompilerInstance.allocate_dummy_like`` with ``fallback(x)`` where torch's raises.
+
+    Torch calls it from ``accumulate_grad`` only, on the parameter, for the placeholder value of
+    its new ``.grad`` (``torch.empty_like(param)``, proxy modes off).  ``fallback`` returns another
+    placeholder, or None to let torch's error stand.
+    """
+
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def allocate_dummy_like(compiler: Any, x: torch.Tensor) -> torch.Tensor:
+            try:
+                return original(compiler, x)
+            except Exception:
+                with lookup("torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing")():
+                    dummy = fallback(x)
+                if dummy is None:
+                    raise
+                return dummy
+
+        return _untraced(gated(BLOCKS, original, allocate_dummy_like))
+
+    return AttributeSwap(lambda: lookup(COMPILER_INSTANCE), "allocate_dummy_like", make)
 
 
 _CACHE_KEY_MARK = 0x5CA  # "subclass_ca" marker ahead of our token in an autograd function's CA key

@@ -41,8 +41,13 @@ __all__ = [
 ]
 
 TRACE_WRAPPED = "torch._dynamo._trace_wrapped_higher_order_op:trace_wrapped"
-#: Modules that call ``trace_wrapped`` by name when Dynamo defers a tensor hook to the backward.
-TRACE_WRAPPED_USERS = ("torch._dynamo.variables.tensor", "torch._dynamo._trace_wrapped_higher_order_op")
+#: Modules that call ``trace_wrapped`` by name when Dynamo defers a hook to the backward (tensor hooks;
+#: full backward module hooks through ``BackwardHookVariable`` in ``variables.distributed``).
+TRACE_WRAPPED_USERS = (
+    "torch._dynamo.variables.tensor",
+    "torch._dynamo._trace_wrapped_higher_order_op",
+    "torch._dynamo.variables.distributed",
+)
 
 
 def allow_in_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
