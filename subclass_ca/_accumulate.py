@@ -1,6 +1,6 @@
-"""AccumulateGrad for subclass gradients: keep the ``.grad`` type the way eager does.
+"""AccumulateGrad under compiled autograd: keep the ``.grad`` type and dtype the way eager does.
 
-See Note [Subclass gradients and AccumulateGrad] below.
+See Note [Subclass gradients and AccumulateGrad] and Note [Gradient dtype at accumulation] below.
 """
 
 from __future__ import annotations
@@ -13,7 +13,12 @@ import torch
 from . import _compat
 from ._recipe import Recipe, rebuild
 
-__all__ = ["allocation_keeps_type", "accumulate_subclass_grad", "steal_subclass_accumulates"]
+__all__ = [
+    "allocation_keeps_type",
+    "accumulate_subclass_grad",
+    "steal_subclass_accumulates",
+    "accumulation_dtype",
+]
 
 # Note [Subclass gradients and AccumulateGrad]
 # --------------------------------------------
@@ -80,3 +85,32 @@ def steal_subclass_accumulates(graph_module: torch.fx.GraphModule) -> list[str]:
     if retargeted:
         graph_module.recompile()
     return retargeted
+
+
+# Note [Gradient dtype at accumulation]
+# -------------------------------------
+# Tensors have a ``grad_dtype`` (torch 2.13 already; default: the tensor's dtype): eager
+# AccumulateGrad casts an incoming gradient to it before stealing or adding, and the ``.grad``
+# setter refuses any other dtype.  FSDP2 relies on it from torch 2.15 on under
+# ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``: its unsharded bf16 parameters get
+# ``grad_dtype = reduce_dtype`` (or the original float32), so their gradients arrive in float32.
+# Compiled autograd's capture does not apply the rule: ``AutogradCompilerInstance.accumulate_grad``
+# allocates the placeholder ``.grad`` like the *parameter* (bf16) and assigns it, which the setter
+# refuses ("attempting to assign a gradient with dtype BFloat16 to a tensor with grad_dtype
+# 'Float'"), and its graph would hand the bf16 gradient to ``call_accumulate_grad``.  So, for
+# every accumulation captured inside a block (plain and subclass gradients alike), the gradient is
+# cast to the variable's ``grad_dtype`` first when they differ -- the same cast, at the same
+# point, as eager, so values are bitwise those of eager on aot_eager -- and the placeholder gets
+# that dtype (``_compat.capture_accumulate_swap``).  Where ``grad_dtype`` is unset, equal to the
+# parameter's dtype or absent from torch, nothing changes.  The cast is decided at capture: compiled autograd's cache does not look at
+# ``grad_dtype``, so a ``grad_dtype`` changed on the same parameter between backwards keeps the
+# captured cast (FSDP2 sets the same value every iteration); call ``subclass_ca.reset()`` after
+# changing it by hand.
+
+
+def accumulation_dtype(variable: torch.Tensor, grad: Any) -> torch.dtype | None:
+    """The dtype ``variable.grad`` must have when it differs from ``variable``'s or ``grad``'s (None: no rule to apply)."""
+    dtype = _compat.grad_dtype_of(variable)
+    if dtype is None or (dtype == variable.dtype and getattr(grad, "dtype", dtype) == dtype):
+        return None
+    return dtype

@@ -46,6 +46,7 @@ FEATURES: dict[str, str] = {
     "compiled autograd counters": "torch._dynamo.utils:counters",
     "autograd function CA cache key": compiled_autograd.AUTOGRAD_FUNCTION_CTX + "._compiled_autograd_key",
     "AccumulateGrad call": "torch._dynamo.external_utils:call_accumulate_grad",
+    "capture AccumulateGrad": compiled_autograd.COMPILER_INSTANCE + ".accumulate_grad",
     "AOT backward module extraction": aot_autograd.BW_MODULE_EXTRACTION,
     "AOT subclass creation metadata": aot_autograd.SCHEMAS + ":SubclassCreationMeta",
     "AOT epilogue wrapper": aot_autograd.EPILOGUE_WRAPPER,
