@@ -97,20 +97,22 @@ def steal_subclass_accumulates(graph_module: torch.fx.GraphModule) -> list[str]:
 # Compiled autograd's capture does not apply the rule: ``AutogradCompilerInstance.accumulate_grad``
 # allocates the placeholder ``.grad`` like the *parameter* (bf16) and assigns it, which the setter
 # refuses ("attempting to assign a gradient with dtype BFloat16 to a tensor with grad_dtype
-# 'Float'"), and its graph would hand the bf16 gradient to ``call_accumulate_grad``.  So, for
-# every accumulation captured inside a block (plain and subclass gradients alike), the gradient is
-# cast to the variable's ``grad_dtype`` first when they differ -- the same cast, at the same
-# point, as eager, so values are bitwise those of eager on aot_eager -- and the placeholder gets
-# that dtype (``_compat.capture_accumulate_swap``).  Where ``grad_dtype`` is unset, equal to the
-# parameter's dtype or absent from torch, nothing changes.  The cast is decided at capture: compiled autograd's cache does not look at
-# ``grad_dtype``, so a ``grad_dtype`` changed on the same parameter between backwards keeps the
-# captured cast (FSDP2 sets the same value every iteration); call ``subclass_ca.reset()`` after
-# changing it by hand.
+# 'Float'"), and its graph would hand a gradient of another dtype to ``call_accumulate_grad``.  So
+# for every accumulation captured inside a block into a variable whose ``grad_dtype`` differs from
+# its own dtype (plain and subclass gradients alike), the placeholder gets ``grad_dtype`` and a
+# gradient of another dtype is cast to it first -- the cast eager makes, at the same point, so
+# values are bitwise those of eager FSDP2 on aot_eager (``_compat.capture_accumulate_swap``).
+# Where ``grad_dtype`` is unset, equal to the variable's dtype (the default) or absent, torch's
+# own path runs unchanged: there compiled autograd already matches eager (on torch 2.13, FSDP2's
+# bf16 parameters receive float32 gradients through it, and casting those would change values).
+# The cast is decided at capture (FSDP2 sets the same ``grad_dtype`` every iteration): after
+# changing a parameter's ``grad_dtype`` by hand, call ``subclass_ca.reset()`` so the next backward
+# recaptures.
 
 
 def accumulation_dtype(variable: torch.Tensor, grad: Any) -> torch.dtype | None:
-    """The dtype ``variable.grad`` must have when it differs from ``variable``'s or ``grad``'s (None: no rule to apply)."""
+    """The dtype ``variable.grad`` must have where ``grad_dtype`` differs from ``variable``'s dtype (None: torch's path)."""
     dtype = _compat.grad_dtype_of(variable)
-    if dtype is None or (dtype == variable.dtype and getattr(grad, "dtype", dtype) == dtype):
+    if dtype is None or dtype == variable.dtype:
         return None
     return dtype
