@@ -14,6 +14,7 @@ from .api import enable, reset
 from .config import Config
 from .diagnostics import CaptureReport, cache_stats, clear_reports, last_report, reports
 from .errors import (
+    CompiledOptimizerStepError,
     DuplicateHandlerError,
     FSDP2UnsupportedError,
     GraphBreakError,
@@ -61,6 +62,7 @@ __all__ = [
     "FSDP2UnsupportedError",
     "HookOnSubclassError",
     "GraphBreakError",
+    "CompiledOptimizerStepError",
     # versions
     "SUPPORTED_TORCH",
     "TESTED_TORCH",

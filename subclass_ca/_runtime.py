@@ -32,6 +32,7 @@ from ._accumulate import accumulation_dtype, steal_subclass_accumulates
 from ._epilogue import proxy_call_aot_backward, warn_fallback_once
 from ._hooks import trace_wrapped_swaps
 from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes
+from ._optimizer_step import frame_swaps
 from .config import Config
 from .errors import GraphBreakError, SubclassCAError, UnsupportedSubclassError
 
@@ -354,6 +355,7 @@ RUNTIME_PATCHES = _compat.PatchSet(
         _compat.cache_key_swap(current_token),
         _compat.capture_accumulate_swap(accumulation_dtype),  # Note [Gradient dtype at accumulation]
         *trace_wrapped_swaps(),
+        *frame_swaps(),  # Note [Compiled optimizer steps over subclass gradients]
         *_compat.capture_watch_swaps(diagnostics.capture_abandoned),
     ],
     resident=True,

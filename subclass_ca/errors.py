@@ -17,6 +17,7 @@ __all__ = [
     "FSDP2UnsupportedError",
     "HookOnSubclassError",
     "GraphBreakError",
+    "CompiledOptimizerStepError",
 ]
 
 
@@ -58,3 +59,7 @@ class HookOnSubclassError(SubclassCAError):
 
 class GraphBreakError(SubclassCAError):
     """The backward graph needs a graph break (code Dynamo cannot trace) while ``fullgraph=True``."""
+
+
+class CompiledOptimizerStepError(SubclassCAError):
+    """A ``torch.compile``-d optimizer step over plain parameters with subclass gradients, on a torch that computes it wrong."""

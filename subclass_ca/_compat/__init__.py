@@ -25,7 +25,7 @@ from .compiled_autograd import *  # noqa: F403
 from .dynamo import *  # noqa: F403
 from .engine import *  # noqa: F403
 from .fsdp import *  # noqa: F403
-from .workarounds import WORKAROUNDS, Workaround, ca_graph_run_patches, needed_workarounds
+from .workarounds import WORKAROUNDS, Workaround, ca_graph_run_patches, compiled_step_on_subclass_grads_is_wrong, needed_workarounds
 
 TORCH_VERSION: str = str(torch.__version__)
 #: The torch releases the suite runs against (one CI lane each).
@@ -92,6 +92,11 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
     "symbolic contexts": (
         "torch.fx.experimental.symbolic_shapes:SubclassSymbolicContext",
         "the torch-side workarounds are not applied",
+    ),
+    "Dynamo frame compiler": (
+        dynamo.FRAME_COMPILER + ".__call__",
+        "a torch.compile-d optimizer step over plain parameters with subclass gradients is not refused on "
+        "torch 2.14/2.15, where torch computes it wrong",
     ),
     "inductor config": ("torch._inductor:config", "benchmarks cannot switch off the FX-graph cache when timing compiles"),
     "reference TwoTensor": ("torch.testing._internal.two_tensor:TwoTensor", "no built-in TwoTensor handler"),

@@ -348,7 +348,9 @@ def summarize(by_mode: dict[str, list[dict[str, Any]]], run: FSDP2Run, world_siz
             failed = next(r for r in per_rank if "error_type" in r)
             modes[mode] = {"ok": False, "error": f"{failed['error_type']}: {failed['message'].splitlines()[0] if failed['message'] else ''}"}
             continue
-        dense_problems = [p for r in per_rank for p in verify_against_dense(r, reference)]
+        # a low-precision param_dtype computes in bf16/fp16: the float32 dense run is matched within that error only
+        tolerance = {"atol": 2e-2, "rtol": 2e-2} if run.param_dtype else {}
+        dense_problems = [p for r in per_rank for p in verify_against_dense(r, reference, **tolerance)]
         eager_problems = [p for r, e in zip(per_rank, by_mode["eager"]) for p in compare_runs(r, e)] if eager_ok else None
         step_s = max(_median_step(r) for r in per_rank)  # the slowest rank sets the pace
         modes[mode] = {
