@@ -11,6 +11,12 @@ Dynamo is about to compile (cache misses only: ``_compat.frame_compile_swap``) i
 first: an optimizer among its locals (``self`` of ``step``, or ``args`` of the bound step's
 wrapper) holding a plain parameter with a traceable-wrapper-subclass ``.grad`` raises
 :class:`CompiledOptimizerStepError` before Dynamo traces anything, so no parameter is updated.
+Measured on torch 2.15 (TwoTensor grads on plain parameters, 3 steps, aot_eager): Adam, AdamW
+(foreach or not) and RMSprop differ from eager by 0.1-2.7; SGD, with and without momentum, is
+bitwise equal.  So every optimizer is refused except those in :data:`CORRECT_WHEN_COMPILED`
+(exact types: a subclass may override ``step``) -- an unmeasured optimizer gets the error, never
+a silent wrong update.  SGD steps compiled by Dynamo at a CA graph's graph breaks (an optimizer
+in a post-accumulate-grad hook, ``enable(fullgraph=False)``) are such steps.
 
 What does not raise: a compiled forward (its locals hold modules and inputs, never an
 optimizer, so recompiles with subclass gradients in place are untouched), a compiled step whose
@@ -30,7 +36,10 @@ import torch
 from . import _compat
 from .errors import CompiledOptimizerStepError
 
-__all__ = ["check_frame_locals", "frame_swaps"]
+__all__ = ["CORRECT_WHEN_COMPILED", "check_frame_locals", "frame_swaps"]
+
+CORRECT_WHEN_COMPILED: frozenset[type] = frozenset({torch.optim.SGD})
+"""Optimizer types torch 2.14/2.15 compile correctly over plain parameters with subclass grads (measured)."""
 
 
 def _optimizers(value: Any) -> list[torch.optim.Optimizer]:
@@ -42,6 +51,8 @@ def _optimizers(value: Any) -> list[torch.optim.Optimizer]:
 
 
 def _offending(optimizer: torch.optim.Optimizer) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if type(optimizer) in CORRECT_WHEN_COMPILED:
+        return []
     found = []
     for group in optimizer.param_groups:
         for param in group["params"]:

@@ -123,6 +123,33 @@ def test_eager_step_over_plain_params_with_subclass_grads_does_not_raise_and_mat
         torch.testing.assert_close(got, want)
 
 
+def test_compiled_sgd_step_is_not_refused_where_torch_computes_it_right():
+    """SGD over plain params with TwoTensor grads: torch 2.15 compiles it == eager (CORRECT_WHEN_COMPILED)."""
+    def run(compiled: bool) -> tuple[list[torch.Tensor], BaseException | None]:
+        model = _fresh()
+        forward = torch.compile(model, backend="aot_eager") if compiled else model
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        step = torch.compile(optimizer.step, backend="aot_eager") if compiled else optimizer.step
+        with subclass_ca.enable() if compiled else contextlib.nullcontext():
+            for index in range(3):
+                forward(_inputs(index)).backward()
+                try:
+                    step()
+                except Exception as raised:  # noqa: BLE001 - the outcome under test
+                    return [], raised
+                optimizer.zero_grad()
+        return [p.detach().clone() for p in model.parameters()], None
+
+    eager, _ = run(compiled=False)
+    ours, error = run(compiled=True)
+    assert not isinstance(error, subclass_ca.SubclassCAError), error
+    if error is None:
+        for want, got in zip(eager, ours):
+            torch.testing.assert_close(got, want)
+    else:  # torch 2.13 refuses it itself
+        assert not AFFECTED and "SubclassSymbolicContext" in str(error), error
+
+
 def test_compiled_step_outside_a_block_is_torchs_business():
     """No block open: the hook is inert (torch's own outcome, as stock)."""
     _, error = _adamw_run(_fresh(), compiled_forward=False, compiled_step=True, inside_enable=False)
