@@ -16,6 +16,7 @@ from .config import Config
 from .diagnostics import CaptureReport, cache_stats, clear_reports, last_report, reports
 from .errors import (
     BackwardCompileError,
+    CompiledOptimizerStepError,
     DuplicateHandlerError,
     FSDP2UnsupportedError,
     GraphBreakError,
@@ -64,6 +65,7 @@ __all__ = [
     "HookOnSubclassError",
     "GraphBreakError",
     "BackwardCompileError",
+    "CompiledOptimizerStepError",
     # versions
     "SUPPORTED_TORCH",
     "TESTED_TORCH",

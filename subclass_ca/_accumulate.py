@@ -1,6 +1,6 @@
-"""AccumulateGrad for subclass gradients: keep the ``.grad`` type the way eager does.
+"""AccumulateGrad under compiled autograd: keep the ``.grad`` type and dtype the way eager does.
 
-See Note [Subclass gradients and AccumulateGrad] below.
+See Note [Subclass gradients and AccumulateGrad] and Note [Gradient dtype at accumulation] below.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from . import _compat
 from ._recipe import Recipe, rebuild
 from .errors import UnsupportedSubclassError
 
-__all__ = ["allocation_keeps_type", "accumulate_subclass_grad", "steal_subclass_accumulates", "grad_placeholder", "accumulate_dummy_swap"]
+__all__ = [
+    "allocation_keeps_type",
+    "accumulate_subclass_grad",
+    "steal_subclass_accumulates",
+    "accumulation_dtype",
+    "grad_placeholder",
+    "accumulate_dummy_swap",
+]
 
 # Note [Subclass gradients and AccumulateGrad]
 # --------------------------------------------
@@ -120,3 +127,34 @@ def grad_placeholder(param: torch.Tensor) -> torch.Tensor | None:
 def accumulate_dummy_swap() -> _compat.Swap:
     """The swap giving compiled autograd :func:`grad_placeholder` where ``empty_like`` on a parameter fails."""
     return _compat.accumulate_dummy_swap(grad_placeholder)
+
+
+# Note [Gradient dtype at accumulation]
+# -------------------------------------
+# Tensors have a ``grad_dtype`` (torch 2.13 already; default: the tensor's dtype): eager
+# AccumulateGrad casts an incoming gradient to it before stealing or adding, and the ``.grad``
+# setter refuses any other dtype.  FSDP2 relies on it from torch 2.15 on under
+# ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``: its unsharded bf16 parameters get
+# ``grad_dtype = reduce_dtype`` (or the original float32), so their gradients arrive in float32.
+# Compiled autograd's capture does not apply the rule: ``AutogradCompilerInstance.accumulate_grad``
+# allocates the placeholder ``.grad`` like the *parameter* (bf16) and assigns it, which the setter
+# refuses ("attempting to assign a gradient with dtype BFloat16 to a tensor with grad_dtype
+# 'Float'"), and its graph would hand a gradient of another dtype to ``call_accumulate_grad``.  So
+# for every accumulation captured inside a block into a variable whose ``grad_dtype`` differs from
+# its own dtype (plain and subclass gradients alike), the placeholder gets ``grad_dtype`` and a
+# gradient of another dtype is cast to it first -- the cast eager makes, at the same point, so
+# values are bitwise those of eager FSDP2 on aot_eager (``_compat.capture_accumulate_swap``).
+# Where ``grad_dtype`` is unset, equal to the variable's dtype (the default) or absent, torch's
+# own path runs unchanged: there compiled autograd already matches eager (on torch 2.13, FSDP2's
+# bf16 parameters receive float32 gradients through it, and casting those would change values).
+# The cast is decided at capture (FSDP2 sets the same ``grad_dtype`` every iteration): after
+# changing a parameter's ``grad_dtype`` by hand, call ``subclass_ca.reset()`` so the next backward
+# recaptures.
+
+
+def accumulation_dtype(variable: torch.Tensor, grad: Any) -> torch.dtype | None:
+    """The dtype ``variable.grad`` must have where ``grad_dtype`` differs from ``variable``'s dtype (None: torch's path)."""
+    dtype = _compat.grad_dtype_of(variable)
+    if dtype is None or dtype == variable.dtype:
+        return None
+    return dtype

@@ -30,10 +30,11 @@ from typing import Any
 import torch
 
 from . import _compat, _fsdp2, diagnostics
-from ._accumulate import accumulate_dummy_swap, steal_subclass_accumulates
+from ._accumulate import accumulate_dummy_swap, accumulation_dtype, steal_subclass_accumulates
 from ._epilogue import proxy_call_aot_backward, warn_fallback_once
 from ._hooks import trace_wrapped_swaps
 from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes
+from ._optimizer_step import frame_swaps
 from .config import Config
 from . import errors
 from .errors import BackwardCompileError, GraphBreakError, SubclassCAError, UnsupportedSubclassError
@@ -506,8 +507,10 @@ RUNTIME_PATCHES = _compat.PatchSet(
         _compat.ca_enable_swap(_adopt_flag_style_compiler),
         _compat.aot_backward_swap(proxy_call_aot_backward),
         _compat.cache_key_swap(current_token),
+        _compat.capture_accumulate_swap(accumulation_dtype),  # Note [Gradient dtype at accumulation]
         *trace_wrapped_swaps(),
         accumulate_dummy_swap(),
+        *frame_swaps(),  # Note [Compiled optimizer steps over subclass gradients]
         *_compat.capture_watch_swaps(diagnostics.capture_abandoned),
     ],
     resident=True,

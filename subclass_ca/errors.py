@@ -18,6 +18,7 @@ __all__ = [
     "HookOnSubclassError",
     "GraphBreakError",
     "BackwardCompileError",
+    "CompiledOptimizerStepError",
 ]
 
 
@@ -63,3 +64,7 @@ class GraphBreakError(SubclassCAError):
 
 class BackwardCompileError(SubclassCAError):
     """Compiling the backward graph failed for a reason that is not a graph break (``fullgraph=False`` would not help)."""
+
+
+class CompiledOptimizerStepError(SubclassCAError):
+    """A ``torch.compile``-d optimizer step over plain parameters with subclass gradients, on a torch that computes it wrong."""

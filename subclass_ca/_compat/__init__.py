@@ -25,7 +25,7 @@ from .compiled_autograd import *  # noqa: F403
 from .dynamo import *  # noqa: F403
 from .engine import *  # noqa: F403
 from .fsdp import *  # noqa: F403
-from .workarounds import WORKAROUNDS, Workaround, ca_graph_run_patches, needed_workarounds
+from .workarounds import WORKAROUNDS, Workaround, ca_graph_run_patches, compiled_step_on_subclass_grads_is_wrong, needed_workarounds
 
 TORCH_VERSION: str = str(torch.__version__)
 #: The torch releases the suite runs against (one CI lane each).
@@ -47,6 +47,7 @@ FEATURES: dict[str, str] = {
     "autograd function CA cache key": compiled_autograd.AUTOGRAD_FUNCTION_CTX + "._compiled_autograd_key",
     "AccumulateGrad call": "torch._dynamo.external_utils:call_accumulate_grad",
     "AccumulateGrad placeholder allocation": compiled_autograd.COMPILER_INSTANCE + ".allocate_dummy_like",
+    "capture AccumulateGrad": compiled_autograd.COMPILER_INSTANCE + ".accumulate_grad",
     "AOT backward module extraction": aot_autograd.BW_MODULE_EXTRACTION,
     "AOT subclass creation metadata": aot_autograd.SCHEMAS + ":SubclassCreationMeta",
     "AOT epilogue wrapper": aot_autograd.EPILOGUE_WRAPPER,
@@ -93,6 +94,11 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
     "symbolic contexts": (
         "torch.fx.experimental.symbolic_shapes:SubclassSymbolicContext",
         "the torch-side workarounds are not applied",
+    ),
+    "Dynamo frame compiler": (
+        dynamo.FRAME_COMPILER + ".__call__",
+        "a torch.compile-d optimizer step over plain parameters with subclass gradients is not refused on "
+        "torch 2.14/2.15, where torch computes it wrong",
     ),
     "inductor config": ("torch._inductor:config", "benchmarks cannot switch off the FX-graph cache when timing compiles"),
     "reference TwoTensor": ("torch.testing._internal.two_tensor:TwoTensor", "no built-in TwoTensor handler"),

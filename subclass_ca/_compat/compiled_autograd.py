@@ -41,6 +41,8 @@ __all__ = [
     "cache_key_swap",
     "accumulate_dummy_swap",
     "call_accumulate_grad",
+    "grad_dtype_of",
+    "capture_accumulate_swap",
 ]
 
 CA_MODULE = "torch._dynamo.compiled_autograd"
@@ -376,3 +378,58 @@ def cache_key_swap(current_token: Callable[[], int | None]) -> AttributeSwap:
 def call_accumulate_grad() -> Callable[..., Any]:
     """The function compiled autograd's AccumulateGrad nodes call (``external_utils.call_accumulate_grad``)."""
     return lookup("torch._dynamo.external_utils:call_accumulate_grad")
+
+
+def grad_dtype_of(tensor: torch.Tensor) -> torch.dtype | None:
+    """The dtype eager AccumulateGrad gives ``tensor``'s gradient (None: any dtype, or a torch without the rule).
+
+    ``Tensor.grad_dtype`` (torch 2.13 has it; from 2.15 FSDP2 sets it to float32 on its unsharded
+    bf16 parameters under a ``MixedPrecisionPolicy``); feature-detected, not version-gated.
+    """
+    return getattr(tensor, "grad_dtype", None)
+
+
+def capture_accumulate_swap(cast_to: Callable[[torch.Tensor, Any], torch.dtype | None]) -> AttributeSwap:
+    """``AutogradCompilerInstance.accumulate_grad`` (a capture's AccumulateGrad) casting the gradient first.
+
+    ``cast_to(variable, grad)`` names the dtype ``variable.grad`` must have (None: torch's own
+    path); a gradient of another dtype is cast to it before it is accumulated.  The cast becomes
+    an ``aten._to_copy`` node in the CA graph ahead of torch's own ``call_accumulate_grad`` node,
+    and the capture's placeholder ``.grad`` gets that dtype (torch allocates it like the
+    *variable*, which a ``grad_dtype`` setter refuses).
+    See Note [Gradient dtype at accumulation] in ``_accumulate.py``.
+    """
+
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def accumulate_grad(compiler: Any, variable: Any, variable_grad: Any, grad: Any, has_post_hooks: Any = None) -> Any:
+            dtype = cast_to(variable, grad) if has_post_hooks is not None else None
+            if dtype is None:
+                return original(compiler, variable, variable_grad, grad, has_post_hooks)
+            disable = lookup("torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing")
+            if isinstance(grad, torch.Tensor) and grad.dtype != dtype:
+                with disable():
+                    cast = grad.to(dtype)
+                proxy = compiler.fx_tracer.create_proxy(
+                    "call_function", torch.ops.aten._to_copy.default, (compiler.to_proxy(grad),), {"dtype": dtype}
+                )
+                compiler.bind_objects_to_proxies([cast], [proxy])
+                grad = cast
+            allocate = compiler.allocate_dummy_like
+
+            def allocate_dummy_like(x: torch.Tensor) -> torch.Tensor:
+                dummy = allocate(x)
+                if x is not variable:
+                    return dummy
+                with disable():
+                    return dummy.to(dtype)
+
+            compiler.allocate_dummy_like = allocate_dummy_like  # this call only: the instance attribute is removed below
+            try:
+                return original(compiler, variable, variable_grad, grad, has_post_hooks)
+            finally:
+                del compiler.allocate_dummy_like
+
+        return _untraced(gated(BLOCKS, original, accumulate_grad))
+
+    return AttributeSwap(lambda: lookup(COMPILER_INSTANCE), "accumulate_grad", make)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ._lookup import lookup
+from ._patch import BLOCKS, AttributeSwap, gated
 
 __all__ = [
     "allow_in_graph",
@@ -38,9 +39,13 @@ __all__ = [
     "uncached_compiles",
     "TRACE_WRAPPED",
     "TRACE_WRAPPED_USERS",
+    "FRAME_COMPILER",
+    "frame_compile_swap",
 ]
 
 TRACE_WRAPPED = "torch._dynamo._trace_wrapped_higher_order_op:trace_wrapped"
+#: What Dynamo calls for every frame it is about to compile (a cache miss), fullgraph or not.
+FRAME_COMPILER = "torch._dynamo.convert_frame:ConvertFrameAssert"
 #: Modules that call ``trace_wrapped`` by name when Dynamo defers a hook to the backward (tensor hooks;
 #: full backward module hooks through ``BackwardHookVariable`` in ``variables.distributed``).
 TRACE_WRAPPED_USERS = (
@@ -189,3 +194,22 @@ def uncached_compiles(*, min_recompile_limit: int = 64) -> Iterator[None]:
         stack.enter_context(lookup("torch._inductor:config").patch(fx_graph_cache=False))
         stack.enter_context(lookup("torch._functorch:config").patch(enable_autograd_cache=False))
         yield
+
+
+def frame_compile_swap(check: Callable[[dict[str, Any]], None]) -> AttributeSwap:
+    """``ConvertFrameAssert.__call__`` calling ``check(frame.f_locals)`` before Dynamo compiles a frame, inside blocks.
+
+    Runs on cache misses only (compiled code is looked up in C before Python is called); an
+    exception from ``check`` propagates to the caller of the compiled function unchanged, before
+    anything of the frame ran.
+    """
+
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def __call__(self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
+            check(getattr(frame, "f_locals", None) or {})
+            return original(self, frame, *args, **kwargs)
+
+        return gated(BLOCKS, original, __call__)
+
+    return AttributeSwap(lambda: lookup(FRAME_COMPILER), "__call__", make)

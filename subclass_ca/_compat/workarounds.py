@@ -34,6 +34,7 @@ __all__ = [
     "GRAD_STATIC_CONTEXT",
     "needed_workarounds",
     "ca_graph_run_patches",
+    "compiled_step_on_subclass_grads_is_wrong",
 ]
 
 SCOPES: dict[str, Scope] = {"ca-graph-run": CA_GRAPH_RUN}
@@ -100,6 +101,19 @@ def _probe_grad_context_bug(compatible: Callable[..., bool]) -> bool:
         return bool(compatible(context, probe))
     except Exception:  # noqa: BLE001 - a different implementation: leave it alone
         return False
+
+
+def compiled_step_on_subclass_grads_is_wrong() -> bool:
+    """Whether a ``torch.compile``-d optimizer step over plain parameters with subclass ``.grad`` computes wrong values.
+
+    Seen on torch 2.14.1 and 2.15.0 (AdamW, TwoTensor grads on plain parameters; with or without
+    compiled autograd: a torch bug, see docs/training_styles.md), not a version gate: torch 2.13
+    refuses to fakeify such a grad (``Expected SubclassSymbolicContext``, the bug
+    :func:`_grad_context_bug` probes) and so never compiles the step; the torch releases that fixed
+    that refusal (pytorch#186427) compile it and compute it wrong.  So the step is affected exactly
+    where the refusal is gone.  A torch that fixes the wrong values needs this to say False again.
+    """
+    return not _grad_context_bug()
 
 
 def _patched_grad_context_compatible(original: Callable[..., bool]) -> Callable[..., bool]:

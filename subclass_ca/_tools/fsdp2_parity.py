@@ -45,6 +45,7 @@ __all__ = [
     "compare_runs",
     "launch",
     "run_modes",
+    "run_cases",
     "summarize",
     "format_summary",
     "run_and_summarize",
@@ -55,6 +56,7 @@ __all__ = [
 ]
 
 MODES: tuple[str, ...] = ("eager", "compile", "subclass_ca", "stock_ca")
+PARAM_DTYPES: tuple[str | None, ...] = (None, "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,6 +79,9 @@ class FSDP2Run:
     """``fully_shard(..., reshard_after_forward=...)`` of the per-layer modules."""
     compile_forward: bool = True
     """``torch.compile(model)`` the forward in the CA modes (False: eager forward, compiled backward)."""
+    param_dtype: str | None = None
+    """``MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype), reduce_dtype=torch.float32)`` on every
+    ``fully_shard`` (None: no policy).  The dense reference stays float32, so it only matches within bf16 error."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or self.steps < 1:
@@ -88,6 +93,8 @@ class FSDP2Run:
         for name in ("reshard_after_forward", "compile_forward"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FSDP2Run.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.param_dtype not in PARAM_DTYPES:
+            raise ValueError(f"FSDP2Run.param_dtype: got {self.param_dtype!r}, allowed values are {PARAM_DTYPES}")
 
 
 def build_model(run: FSDP2Run) -> nn.Sequential:
@@ -114,12 +121,15 @@ def _loss(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: tor
 
 
 def _shard(model: nn.Sequential, run: FSDP2Run) -> None:
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = {}
+    if run.param_dtype is not None:
+        policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, run.param_dtype), reduce_dtype=torch.float32)
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer, reshard_after_forward=run.reshard_after_forward)
-    fully_shard(model)
+            fully_shard(layer, reshard_after_forward=run.reshard_after_forward, **policy)
+    fully_shard(model, **policy)
 
 
 def _backward_context(mode: str, run: FSDP2Run) -> Any:
@@ -290,6 +300,19 @@ def run_modes(
     return {mode: [result[mode] for result in results] for mode in modes}
 
 
+def run_cases(
+    cases: Sequence[tuple[Sequence[str], FSDP2Run]], *, world_size: int = 2, timeout_s: float = 120.0
+) -> list[dict[str, list[dict[str, Any]]]]:
+    """Several ``(modes, run)`` cases in one launch (one process group, paying process start once); by case."""
+    cases = [(tuple(modes), run) for modes, run in cases]
+    results = launch(_train_cases, world_size, timeout_s=timeout_s, args=(cases,))
+    return [{mode: [result[index][mode] for result in results] for mode in modes} for index, (modes, _) in enumerate(cases)]
+
+
+def _train_cases(rank: int, world_size: int, cases: Sequence[tuple[Sequence[str], FSDP2Run]]) -> list[dict[str, Any]]:
+    return [_train_modes(rank, world_size, modes, run) for modes, run in cases]
+
+
 def _train_modes(rank: int, world_size: int, modes: Sequence[str], run: FSDP2Run) -> dict[str, Any]:
     from ..api import reset
 
@@ -325,7 +348,9 @@ def summarize(by_mode: dict[str, list[dict[str, Any]]], run: FSDP2Run, world_siz
             failed = next(r for r in per_rank if "error_type" in r)
             modes[mode] = {"ok": False, "error": f"{failed['error_type']}: {failed['message'].splitlines()[0] if failed['message'] else ''}"}
             continue
-        dense_problems = [p for r in per_rank for p in verify_against_dense(r, reference)]
+        # a low-precision param_dtype computes in bf16/fp16: the float32 dense run is matched within that error only
+        tolerance = {"atol": 2e-2, "rtol": 2e-2} if run.param_dtype else {}
+        dense_problems = [p for r in per_rank for p in verify_against_dense(r, reference, **tolerance)]
         eager_problems = [p for r, e in zip(per_rank, by_mode["eager"]) for p in compare_runs(r, e)] if eager_ok else None
         step_s = max(_median_step(r) for r in per_rank)  # the slowest rank sets the pace
         modes[mode] = {
@@ -456,6 +481,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, steps: int = 3) -> None:
     parser.add_argument("--fsdp2-modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     parser.add_argument("--fsdp2-steps", type=int, default=steps, help=f"SGD steps per mode (default {steps})")
     parser.add_argument("--no-reshard-after-forward", action="store_true", help="fully_shard(reshard_after_forward=False)")
+    parser.add_argument("--param-dtype", choices=[d for d in PARAM_DTYPES if d], default=None,
+                        help="MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32) on every fully_shard")
 
 
 def run_from_args(args: argparse.Namespace, *, backend: str | None = None) -> dict[str, Any]:
@@ -465,7 +492,8 @@ def run_from_args(args: argparse.Namespace, *, backend: str | None = None) -> di
     if unknown:
         raise ValueError(f"--fsdp2-modes: unknown {unknown}; allowed values are {list(MODES)}")
     run = FSDP2Run(steps=args.fsdp2_steps, backend=backend or "aot_eager",
-                   reshard_after_forward=not args.no_reshard_after_forward)
+                   reshard_after_forward=not args.no_reshard_after_forward,
+                   param_dtype=getattr(args, "param_dtype", None))
     return run_and_summarize(modes, world_size=args.nproc, run=run, timeout_s=args.timeout)
 
 
