@@ -83,3 +83,21 @@ def test_wrapper_without_flatten_protocol_trains_outside_enable():
     weight = torch.nn.Parameter(WrapperWithoutFlatten(torch.randn(4, 4)))
     torch.compile(lambda x: (x @ weight).sum(), backend="aot_eager")(torch.randn(3, 4)).backward()
     assert isinstance(weight.grad, WrapperWithoutFlatten)
+
+
+def _raising_hook(grad):
+    raise ValueError("boom from the user's hook")
+
+
+def test_hook_that_raises_is_reported_as_the_users_exception_not_a_graph_break():
+    x = torch.randn(4, 3)
+    weight = torch.randn(3, 2, requires_grad=True)
+    weight.register_hook(_raising_hook)
+    loss = torch.compile(lambda a, b: (a @ b).tanh().sum(), backend="aot_eager")(x, weight)
+    with pytest.raises(subclass_ca.BackwardCompileError) as caught:
+        with subclass_ca.enable():
+            loss.backward()
+    text = str(caught.value)
+    assert "ValueError" in text and "boom from the user's hook" in text
+    assert "your code (_raising_hook in test_errors_compile.py:" in text
+    assert "not a graph break" in text

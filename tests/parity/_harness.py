@@ -20,11 +20,13 @@ Note [Documented differences from stock]
 ----------------------------------------
 Two differences are on purpose and asserted where they occur, never skipped:
 
-* **GraphBreakError** (issue 16.2): where Dynamo refuses to trace code in the backward graph
-  under ``fullgraph=True`` (``torch._dynamo.exc.Unsupported``), subclass_ca raises
-  :class:`subclass_ca.GraphBreakError` chained from that very error.  :func:`summarize` writes
-  it ``"GraphBreakError from <stock summary>"``; a case lists it with ``ours_graph_break_error``
-  and the comparison checks exactly that form.
+* **GraphBreakError / BackwardCompileError** (issues 16.2, 25.3): where Dynamo refuses to trace
+  code in the backward graph under ``fullgraph=True`` (``torch._dynamo.exc.Unsupported``),
+  subclass_ca raises :class:`subclass_ca.GraphBreakError` (a real graph break) or
+  :class:`subclass_ca.BackwardCompileError` (the traced code raised, e.g. a hook that raises)
+  chained from that very error.  :func:`summarize` writes it ``"<OurError> from <stock
+  summary>"``; a case lists it with ``ours_graph_break_error`` and the comparison checks exactly
+  that form.
 * **Registry-driven failures**: stock compiled autograd never consults subclass_ca's handler
   registry, so a broken registered handler fails only under subclass_ca (and that failed
   capture is counted).  ``test_rebuild_error_recovery.py`` asserts it explicitly.
@@ -46,7 +48,8 @@ import subclass_ca
 from subclass_ca import _compat
 
 MODES = ("eager", "stock", "ours")
-GRAPH_BREAK_PREFIX = "GraphBreakError from "
+TRANSLATED_ERRORS = (subclass_ca.GraphBreakError, subclass_ca.BackwardCompileError)
+TRANSLATED_PREFIXES = tuple(f"{error.__name__} from " for error in TRANSLATED_ERRORS)
 
 Scenario = Callable[["Env"], dict[str, Any]]
 
@@ -56,8 +59,8 @@ def summarize(error: BaseException) -> str:
 
     A GraphBreakError is written in stock's terms (Note [Documented differences from stock]).
     """
-    if isinstance(error, subclass_ca.GraphBreakError) and isinstance(error.__cause__, torch._dynamo.exc.Unsupported):
-        return GRAPH_BREAK_PREFIX + summarize(error.__cause__)
+    if isinstance(error, TRANSLATED_ERRORS) and isinstance(error.__cause__, torch._dynamo.exc.Unsupported):
+        return f"{type(error).__name__} from " + summarize(error.__cause__)
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
@@ -180,9 +183,9 @@ def values_equal(expected: dict[str, Any], actual: dict[str, Any]) -> bool:
 
 def _in_stock_terms(summary: Any, graph_break_error: bool) -> Any:
     """Ours' summary as stock would write it, asserting the documented GraphBreakError form."""
-    if not isinstance(summary, str) or not graph_break_error or not summary.startswith(GRAPH_BREAK_PREFIX):
+    if not isinstance(summary, str) or not graph_break_error or not summary.startswith(TRANSLATED_PREFIXES):
         return summary
-    return summary[len(GRAPH_BREAK_PREFIX):]
+    return summary.split(" from ", 1)[1]
 
 
 def assert_same_outcome(stock: Outcome, ours: Outcome, *, graph_break_error: bool = False) -> None:
@@ -203,7 +206,7 @@ def assert_same_outcome(stock: Outcome, ours: Outcome, *, graph_break_error: boo
         translated = pytree.tree_unflatten([_in_stock_terms(v, graph_break_error) for v in leaves], spec)
         assert_same_values(stock.values, translated, what="ours vs stock ")
     if graph_break_error:
-        assert any(isinstance(s, str) and s.startswith(GRAPH_BREAK_PREFIX) for s in seen), (
+        assert any(isinstance(s, str) and s.startswith(TRANSLATED_PREFIXES) for s in seen), (
             "documented as raising GraphBreakError where stock raises Unsupported, but it did not: update the case"
         )
 
