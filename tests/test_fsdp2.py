@@ -86,7 +86,7 @@ def default_runs() -> dict:
     run = FSDP2Run(steps=3)
     return {
         "run": run,
-        "by_mode": fsdp2.run_modes(("eager", "subclass_ca", "stock_ca"), world_size=2, run=run, timeout_s=110),
+        "by_mode": fsdp2.run_modes(("eager", "subclass_ca", "stock_ca"), world_size=2, run=run, timeout_s=300),
         "reference": fsdp2.dense_reference(run, 2),
     }
 
