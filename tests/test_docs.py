@@ -42,8 +42,11 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LANGUAGES = {"python", "bash", "text"}
 
 #: (document, a string unique to the block) -> why the block is only compiled, not run
-#: (for blocks that need a GPU or a cluster; none today).
-COMPILE_ONLY: dict[tuple[str, str], str] = {}
+#: (excerpts of a tested script, blocks that need a GPU or a cluster).
+COMPILE_ONLY: dict[tuple[str, str], str] = {
+    ("docs/examples.md", "class LoRALinear"): "an excerpt of examples/qlora.py, run whole by tests/examples/",
+    ("docs/examples.md", "forward = torch.compile(model"): "an excerpt of examples/qlora.py, run whole by tests/examples/",
+}
 #: (document, a string unique to the block): run as ``python <block>.py`` in a subprocess
 #: (the block spawns workers, which import its ``__main__`` module: runpy would not do).
 SCRIPTS: set[tuple[str, str]] = {
