@@ -62,12 +62,14 @@ from typing import Any
 from . import _compat
 from .errors import FSDP2UnsupportedError
 
-__all__ = ["hook_owners", "prepare", "check_finished", "final_callbacks", "check_supported", "GRAPH_BREAK_REASON"]
+__all__ = ["hook_owners", "prepare", "check_finished", "final_callbacks", "check_supported", "GRAPH_BREAK_REASON", "SPLIT_REASON"]
 
 GRAPH_BREAK_REASON = (
     "FSDP2: fully_shard hooks are dynamo.disable-d on torch {version}; the CA graph is compiled with a graph "
     "break at each of them (fullgraph=False) and the engine's final callbacks are run after the graph"
 )
+SPLIT_REASON = "FSDP2: fully_shard hooks are dynamo.disable-d on torch {version}"
+"""Start of the capture report's reason when the graph is split (Note [Splitting the CA graph at FSDP2's hooks])."""
 _HOOKS_ARG = 3
 """Position of the hook list in compiled autograd's call of a CA graph: (inputs, sizes, scalars, hooks, packed)."""
 
@@ -101,7 +103,8 @@ def prepare(graph: Any, args: Sequence[Any]) -> list[Any]:
     if not owners:
         return []
     check_supported(owners)
-    graph.allow_graph_breaks(GRAPH_BREAK_REASON.format(version=_compat.TORCH_VERSION))
+    version = _compat.TORCH_VERSION
+    graph.split_at_hooks(hooks, SPLIT_REASON.format(version=version), GRAPH_BREAK_REASON.format(version=version))
     return _compat.fsdp2_states(owners)
 
 

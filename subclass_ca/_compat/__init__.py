@@ -46,6 +46,8 @@ FEATURES: dict[str, str] = {
     "compiled autograd counters": "torch._dynamo.utils:counters",
     "autograd function CA cache key": compiled_autograd.AUTOGRAD_FUNCTION_CTX + "._compiled_autograd_key",
     "AccumulateGrad call": "torch._dynamo.external_utils:call_accumulate_grad",
+    "CA hook call": compiled_autograd.HOOK_CALLS[0],
+    "CA custom-Function backward call": compiled_autograd.HOOK_CALLS[1],
     "AOT backward module extraction": aot_autograd.BW_MODULE_EXTRACTION,
     "AOT subclass creation metadata": aot_autograd.SCHEMAS + ":SubclassCreationMeta",
     "AOT epilogue wrapper": aot_autograd.EPILOGUE_WRAPPER,

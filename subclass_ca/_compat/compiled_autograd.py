@@ -40,6 +40,8 @@ __all__ = [
     "aot_backward_swap",
     "cache_key_swap",
     "call_accumulate_grad",
+    "hook_calls",
+    "HOOK_CALLS",
 ]
 
 CA_MODULE = "torch._dynamo.compiled_autograd"
@@ -350,3 +352,13 @@ def cache_key_swap(current_token: Callable[[], int | None]) -> AttributeSwap:
 def call_accumulate_grad() -> Callable[..., Any]:
     """The function compiled autograd's AccumulateGrad nodes call (``external_utils.call_accumulate_grad``)."""
     return lookup("torch._dynamo.external_utils:call_accumulate_grad")
+
+
+HOOK_CALLS = ("torch._dynamo.external_utils:call_hook", "torch._dynamo.external_utils:call_backward")
+"""What a CA graph node calls to run a hook object from its ``hooks`` argument (tensor/pre/post hooks,
+and the backward of a custom autograd Function, whose ctx is the hook object)."""
+
+
+def hook_calls() -> tuple[Callable[..., Any], ...]:
+    """The functions CA graph nodes call with a hook object as first argument (``call_hook``, ``call_backward``)."""
+    return tuple(lookup(dotted) for dotted in HOOK_CALLS)

@@ -195,6 +195,8 @@ def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: F
         "ca_captures": int(_compat.ca_counters().get("captures", 0)),
         "report_fallbacks": list(report.fallbacks) if report is not None else [],
         "report_fullgraph": report.fullgraph if report is not None else None,
+        "report_split_pieces": report.split_pieces if report is not None else None,
+        "report_split_hooks": report.split_hooks if report is not None else None,
         "mode": mode,
         "rank": rank,
         "world_size": world_size,
