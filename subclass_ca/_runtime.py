@@ -46,6 +46,7 @@ class CompiledCAGraph:
     UnsupportedSubclassError naming the subclass types (no gradient produced), and
     ``"eager"`` recompiles the graph with those nodes opaque (one warning per subclass).
     Workarounds scoped to a CA graph run (Note [Workaround scopes]) apply around each call.
+    A graph with FSDP2 hooks is split at them on its first run (:meth:`split_at_hooks`).
     """
 
     def __init__(
@@ -128,7 +129,7 @@ class CompiledCAGraph:
             return torch.compile(piece, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
 
         split = _split.split_graph(self._graph_module, points, compile_piece, self._report)
-        self._graph_breaks_allowed = True  # eager code (the hooks) runs inside the graph: final callbacks
+        self._graph_breaks_allowed = True  # eager code (the hooks) runs between the pieces: final callbacks apply
         self._compiled = split
         self._checked = True
         self._report.fullgraph = False
