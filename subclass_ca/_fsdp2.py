@@ -33,11 +33,14 @@ What ``enable()`` does about it (``api._CompiledCAGraph`` calls :func:`prepare` 
 
 * Before each run it looks at the hook objects compiled autograd passes to the graph.
   If any belongs to FSDP2 (a bound ``FSDPState`` method or a
-  ``RegisterPostBackwardFunction`` ctx), the graph is compiled with graph breaks at the
-  hooks (``fullgraph=False``) -- the hooks cannot be traced on this torch -- and the
-  capture report records why.  Nothing else in the CA graph changes: our subclass
-  rebuild nodes stay in the compiled segments.
-* Around every run of a graph with graph breaks (a ``fullgraph`` graph runs no eager code,
+  ``RegisterPostBackwardFunction`` ctx), the graph is split at the hook calls on its first
+  run, each piece compiled with ``fullgraph=True`` and the hooks run eagerly between them
+  (Note [Splitting the CA graph at FSDP2's hooks] in ``_split.py``) -- the hooks cannot be
+  traced on this torch -- and the capture report records why and into how many pieces.
+  Nothing else in the CA graph changes: our subclass rebuild nodes stay in the compiled
+  pieces.  (A graph compiled by a train step's own compiler is compiled with graph breaks
+  at the hooks, ``fullgraph=False``, instead.)
+* Around every run of a split graph or one with graph breaks (a ``fullgraph`` graph runs no eager code,
   and pays nothing), ``Variable._execution_engine`` is swapped for an object of the same
   engine type whose ``queue_callback`` collects into a list; after the graph returns,
   the collected callbacks run in FIFO order (callbacks queued by callbacks too), which
@@ -62,12 +65,14 @@ from typing import Any
 from . import _compat
 from .errors import FSDP2UnsupportedError
 
-__all__ = ["hook_owners", "prepare", "check_finished", "final_callbacks", "check_supported", "GRAPH_BREAK_REASON"]
+__all__ = ["hook_owners", "prepare", "check_finished", "final_callbacks", "check_supported", "GRAPH_BREAK_REASON", "SPLIT_REASON"]
 
 GRAPH_BREAK_REASON = (
     "FSDP2: fully_shard hooks are dynamo.disable-d on torch {version}; the CA graph is compiled with a graph "
     "break at each of them (fullgraph=False) and the engine's final callbacks are run after the graph"
 )
+SPLIT_REASON = "FSDP2: fully_shard hooks are dynamo.disable-d on torch {version}"
+"""Start of the capture report's reason when the graph is split (Note [Splitting the CA graph at FSDP2's hooks])."""
 _HOOKS_ARG = 3
 """Position of the hook list in compiled autograd's call of a CA graph: (inputs, sizes, scalars, hooks, packed)."""
 
@@ -93,7 +98,7 @@ def check_supported(owners: Sequence[Any]) -> None:
 
 
 def prepare(graph: Any, args: Sequence[Any]) -> list[Any]:
-    """Before a CA graph runs: detect FSDP2 hooks, check support, allow graph breaks; the FSDP2 states found."""
+    """Before a CA graph runs: detect FSDP2 hooks, check support, split the graph at them; the FSDP2 states found."""
     hooks = args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else ()
     if not hooks or not _compat.fsdp2_loaded():
         return []
@@ -101,7 +106,8 @@ def prepare(graph: Any, args: Sequence[Any]) -> list[Any]:
     if not owners:
         return []
     check_supported(owners)
-    graph.allow_graph_breaks(GRAPH_BREAK_REASON.format(version=_compat.TORCH_VERSION))
+    version = _compat.TORCH_VERSION
+    graph.split_at_hooks(hooks, SPLIT_REASON.format(version=version), GRAPH_BREAK_REASON.format(version=version))
     return _compat.fsdp2_states(owners)
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from . import _compat, _fsdp2, diagnostics
+from . import _compat, _fsdp2, _split, diagnostics
 from ._accumulate import accumulate_dummy_swap, accumulation_dtype, steal_subclass_accumulates
 from ._epilogue import proxy_call_aot_backward, warn_fallback_once
 from ._hooks import trace_wrapped_swaps
@@ -53,6 +53,7 @@ class CompiledCAGraph:
     UnsupportedSubclassError naming the subclass types (no gradient produced), and
     ``"eager"`` recompiles the graph with those nodes opaque (one warning per subclass).
     Workarounds scoped to a CA graph run (Note [Workaround scopes]) apply around each call.
+    A graph with FSDP2 hooks is split at them on its first run (:meth:`split_at_hooks`).
     """
 
     def __init__(
@@ -116,6 +117,35 @@ class CompiledCAGraph:
             result = self._run(*args, **kwargs)
         _fsdp2.check_finished(fsdp2_states)
         return result
+
+    def split_at_hooks(self, hooks: Any, reason: str, break_reason: str) -> None:
+        """Split the graph at its FSDP2 / ``dynamo.disable``-d hooks, compile each piece whole (Note [Splitting the CA graph at FSDP2's hooks]).
+
+        Falls back to :meth:`allow_graph_breaks` when the graph is compiled by a train step's own
+        compiler (flag style: that compiler wants the whole graph) or has no split point.
+        """
+        if self._graph_breaks_allowed:
+            return
+        points = _split.split_points(self._graph_module, hooks) if self._compile_graph is None else []
+        if not points:
+            self.allow_graph_breaks(break_reason)
+            return
+        config = self._config
+
+        def compile_piece(piece: torch.fx.GraphModule, *, fullgraph: bool) -> Any:
+            return torch.compile(piece, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
+
+        split = _split.split_graph(self._graph_module, points, compile_piece, self._report)
+        self._graph_breaks_allowed = True  # eager code (the hooks) runs between the pieces: final callbacks apply
+        self._compiled = split
+        self._checked = True
+        self._report.fullgraph = False
+        self._report.split_pieces = split.pieces
+        self._report.split_hooks = split.hooks
+        self._report.fallbacks.append(
+            f"{reason}: the CA graph is split at its {split.hooks} hook call(s) into {split.pieces} piece(s), "
+            "each compiled with fullgraph=True; the hooks run eagerly between them"
+        )
 
     def allow_graph_breaks(self, reason: str) -> None:
         """Compile with graph breaks (fullgraph=False) from now on; the capture report records why."""

@@ -72,6 +72,11 @@ class CaptureReport:
     """Total nodes in the captured CA graph."""
     fullgraph: bool = True
     """Whether the CA graph was compiled with fullgraph=True (False: ``enable(fullgraph=False)``, opaque nodes, FSDP2)."""
+    split_pieces: int = 0
+    """Pieces the CA graph was split into at FSDP2 / ``dynamo.disable``-d hooks, each compiled with
+    fullgraph=True (0: not split; Note [Splitting the CA graph at FSDP2's hooks] in ``_split.py``)."""
+    split_hooks: int = 0
+    """Hook calls run eagerly between the pieces of a split graph."""
     graph_breaks: list[str] = field(default_factory=list)
     """Dynamo's graph-break reasons met compiling this CA graph (only with fullgraph=False)."""
     ca_counters: dict[str, int] = field(default_factory=dict)
@@ -106,6 +111,8 @@ class CaptureReport:
         ]
         for (name, mode), count in sorted(self.subclass_nodes.items()):
             lines.append(f"  {count} x make_subclass {name} [{mode}]")
+        if self.split_pieces:
+            lines.append(f"  split: {self.split_pieces} compiled piece(s), {self.split_hooks} eager hook call(s)")
         lines += [f"  fallback: {reason}" for reason in self.fallbacks]
         lines += [f"  graph break: {reason}" for reason in self.graph_breaks]
         lines.append(f"  runs={self.runs} (cache hits={self.cache_hits})")

@@ -174,6 +174,74 @@ def test_fsdp2_bf16_mixed_precision_is_bitwise_equal_to_eager_fsdp2(variant_runs
         assert fsdp2.verify_against_dense(ca_rank, reference, atol=0, rtol=0) != []
 
 
+# --- the split path (Note [Splitting the CA graph at FSDP2's hooks] in _split.py) -----------
+
+SPLIT_CASES = {
+    "two_tensor": FSDP2Run(steps=2, params="two_tensor"),
+    "two_tensor_no_reshard": FSDP2Run(steps=2, params="two_tensor", reshard_after_forward=False),
+    "two_tensor_accumulate": FSDP2Run(steps=2, params="two_tensor", accumulate=2),
+    "nf4_lora": FSDP2Run(steps=2, params="nf4_lora"),
+}
+
+
+def _nf4_unavailable() -> str | None:
+    from subclass_ca._tools.bench_models import unavailable
+
+    return unavailable("block_nf4")
+
+
+@pytest.fixture(scope="module")
+def split_runs() -> dict:
+    """Every split case, eager FSDP2 and subclass_ca, in one 2-process launch."""
+    names = [name for name in SPLIT_CASES if name != "nf4_lora" or _nf4_unavailable() is None]
+    results = fsdp2.run_many([SPLIT_CASES[name] for name in names], ("eager", "subclass_ca"), world_size=2, timeout_s=170)
+    return dict(zip(names, results))
+
+
+def _split_case(split_runs: dict, name: str) -> dict:
+    if name not in split_runs:
+        pytest.skip(f"torchao NF4 unavailable: {_nf4_unavailable()}")
+    return split_runs[name]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_split_fsdp2_graph_is_bitwise_equal_to_eager_fsdp2(split_runs: dict, case: str) -> None:
+    by_mode = _split_case(split_runs, case)
+    for ca_rank, eager_rank in zip(by_mode["subclass_ca"], by_mode["eager"]):
+        assert "error_type" not in ca_rank and "error_type" not in eager_rank, (ca_rank, eager_rank)
+        assert fsdp2.compare_runs(ca_rank, eager_rank, atol=0, rtol=0) == []
+        assert ca_rank["losses"] == eager_rank["losses"]
+        assert all(entry["type"] == "DTensor" for entry in ca_rank["grads"][-1].values())
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_split_fsdp2_graph_is_reported_with_its_pieces(split_runs: dict, case: str) -> None:
+    for rank_result in _split_case(split_runs, case)["subclass_ca"]:
+        pieces, hooks = rank_result["report_split_pieces"], rank_result["report_split_hooks"]
+        assert pieces >= 3 and hooks >= 3  # a 3-layer MLP: a piece per layer at least, a hook per FSDP2 hook call
+        assert rank_result["report_fullgraph"] is False  # not one graph, but...
+        reason = next(r for r in rank_result["report_fallbacks"] if r.startswith("FSDP2:"))
+        assert f"split at its {hooks} hook call(s) into {pieces} piece(s), each compiled with fullgraph=True" in reason
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_split_fsdp2_backward_compiles_one_dynamo_graph_per_piece_and_no_graph_break(split_runs: dict, case: str) -> None:
+    for rank_result in _split_case(split_runs, case)["subclass_ca"]:
+        assert rank_result["graph_breaks"] == [0] * len(rank_result["graph_breaks"])
+        first, *later = rank_result["backward_graphs"]
+        assert later == [0] * len(later)  # no recompiles once warm
+        if SPLIT_CASES[case].accumulate == 1:
+            assert first == rank_result["report_split_pieces"]  # pieces only: no resume functions
+        else:  # the no-sync and the sync backward are two CA graphs, each split the same way
+            assert first == SPLIT_CASES[case].accumulate * rank_result["report_split_pieces"]
+
+
 # --- never silently wrong ---------------------------------------------------------------
 
 
@@ -265,6 +333,10 @@ def test_fsdp2_run_config_validates_fields() -> None:
         FSDP2Run(reshard_after_forward=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="FSDP2Run.param_dtype"):
         FSDP2Run(param_dtype="bf16")
+    with pytest.raises(ValueError, match="FSDP2Run.params"):
+        FSDP2Run(params="int4")
+    with pytest.raises(ValueError, match="FSDP2Run.accumulate"):
+        FSDP2Run(accumulate=0)
 
 
 @pytest.mark.distributed

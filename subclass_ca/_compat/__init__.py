@@ -48,6 +48,8 @@ FEATURES: dict[str, str] = {
     "AccumulateGrad call": "torch._dynamo.external_utils:call_accumulate_grad",
     "AccumulateGrad placeholder allocation": compiled_autograd.COMPILER_INSTANCE + ".allocate_dummy_like",
     "capture AccumulateGrad": compiled_autograd.COMPILER_INSTANCE + ".accumulate_grad",
+    "CA hook call": compiled_autograd.HOOK_CALLS[0],
+    "CA custom-Function backward call": compiled_autograd.HOOK_CALLS[1],
     "AOT backward module extraction": aot_autograd.BW_MODULE_EXTRACTION,
     "AOT subclass creation metadata": aot_autograd.SCHEMAS + ":SubclassCreationMeta",
     "AOT epilogue wrapper": aot_autograd.EPILOGUE_WRAPPER,

@@ -43,6 +43,8 @@ __all__ = [
     "call_accumulate_grad",
     "grad_dtype_of",
     "capture_accumulate_swap",
+    "hook_calls",
+    "HOOK_CALLS",
 ]
 
 CA_MODULE = "torch._dynamo.compiled_autograd"
@@ -433,3 +435,13 @@ def capture_accumulate_swap(cast_to: Callable[[torch.Tensor, Any], torch.dtype |
         return _untraced(gated(BLOCKS, original, accumulate_grad))
 
     return AttributeSwap(lambda: lookup(COMPILER_INSTANCE), "accumulate_grad", make)
+
+
+HOOK_CALLS = ("torch._dynamo.external_utils:call_hook", "torch._dynamo.external_utils:call_backward")
+"""What a CA graph node calls to run a hook object from its ``hooks`` argument (tensor/pre/post hooks,
+and the backward of a custom autograd Function, whose ctx is the hook object)."""
+
+
+def hook_calls() -> tuple[Callable[..., Any], ...]:
+    """The functions CA graph nodes call with a hook object as first argument (``call_hook``, ``call_backward``)."""
+    return tuple(lookup(dotted) for dotted in HOOK_CALLS)

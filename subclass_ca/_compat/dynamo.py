@@ -16,6 +16,7 @@ from ._patch import BLOCKS, AttributeSwap, gated
 __all__ = [
     "allow_in_graph",
     "dynamo_disable",
+    "is_dynamo_disabled",
     "is_traceable_wrapper_subclass",
     "is_traceable_wrapper_subclass_type",
     "is_compile_failure",
@@ -61,6 +62,15 @@ def allow_in_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def dynamo_disable(fn: Callable[..., Any]) -> Callable[..., Any]:
     return lookup("torch._dynamo:disable")(fn)
+
+
+def is_dynamo_disabled(fn: Any) -> bool:
+    """Whether ``fn`` (or the function of a bound method) was wrapped by ``torch._dynamo.disable``.
+
+    Dynamo marks its disable wrapper with ``_torchdynamo_disable = True``; Dynamo refuses to trace
+    such a callable under ``fullgraph=True`` and graph-breaks at it otherwise.
+    """
+    return bool(getattr(fn, "_torchdynamo_disable", False) or getattr(getattr(fn, "__func__", None), "_torchdynamo_disable", False))
 
 
 def is_traceable_wrapper_subclass(value: Any) -> bool:

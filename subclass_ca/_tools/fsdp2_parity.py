@@ -46,6 +46,7 @@ __all__ = [
     "launch",
     "run_modes",
     "run_cases",
+    "run_many",
     "summarize",
     "format_summary",
     "run_and_summarize",
@@ -57,6 +58,7 @@ __all__ = [
 
 MODES: tuple[str, ...] = ("eager", "compile", "subclass_ca", "stock_ca")
 PARAM_DTYPES: tuple[str | None, ...] = (None, "bfloat16", "float16")
+PARAM_KINDS: tuple[str, ...] = ("plain", "two_tensor", "nf4_lora")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -82,6 +84,12 @@ class FSDP2Run:
     param_dtype: str | None = None
     """``MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype), reduce_dtype=torch.float32)`` on every
     ``fully_shard`` (None: no policy).  The dense reference stays float32, so it only matches within bf16 error."""
+    params: str = "plain"
+    """Parameter kind: "plain" tensors, "two_tensor" (every weight and bias a torch TwoTensor), or
+    "nf4_lora" (frozen torchao NF4 base weights + trainable LoRA factors; needs torchao)."""
+    accumulate: int = 1
+    """Micro-batches per step: all but the last run with ``set_requires_gradient_sync(False)``
+    (gradient accumulation without reduce-scatter), the last one syncs."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or self.steps < 1:
@@ -90,6 +98,10 @@ class FSDP2Run:
             raise ValueError(f"FSDP2Run.batch must be a positive int, got {self.batch!r}")
         if len(self.dims) < 2 or any(not isinstance(d, int) or d < 1 for d in self.dims):
             raise ValueError(f"FSDP2Run.dims must be at least two positive ints, got {self.dims!r}")
+        if self.params not in PARAM_KINDS:
+            raise ValueError(f"FSDP2Run.params: got {self.params!r}, allowed values are {PARAM_KINDS}")
+        if not isinstance(self.accumulate, int) or self.accumulate < 1:
+            raise ValueError(f"FSDP2Run.accumulate must be a positive int, got {self.accumulate!r}")
         for name in ("reshard_after_forward", "compile_forward"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FSDP2Run.{name} must be True or False, got {getattr(self, name)!r}")
@@ -97,14 +109,38 @@ class FSDP2Run:
             raise ValueError(f"FSDP2Run.param_dtype: got {self.param_dtype!r}, allowed values are {PARAM_DTYPES}")
 
 
+class _NF4LoRALinear(nn.Module):
+    """A frozen torchao NF4 base weight plus trainable LoRA factors (QLoRA's linear layer)."""
+
+    def __init__(self, linear: nn.Linear, rank: int = 4) -> None:
+        super().__init__()
+        from .bench_models import _import_nf4
+
+        to_nf4 = _import_nf4()
+        self.weight = nn.Parameter(to_nf4(linear.weight.detach().clone(), 8, 8), requires_grad=False)
+        self.lora_a = nn.Parameter(torch.randn(rank, linear.in_features) * 0.1)
+        self.lora_b = nn.Parameter(torch.randn(linear.out_features, rank) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        linear_nf4 = sys.modules[type(self.weight.to_local() if hasattr(self.weight, "to_local") else self.weight).__module__].linear_nf4
+        return linear_nf4(x, self.weight) + (x @ self.lora_a.t()) @ self.lora_b.t()
+
+
 def build_model(run: FSDP2Run) -> nn.Sequential:
-    """The dense MLP, identically initialised in every process (seeded)."""
+    """The dense MLP, identically initialised in every process (seeded); ``run.params`` sets its parameter kind."""
     torch.manual_seed(run.seed)
     layers: list[nn.Module] = []
     for i, (d_in, d_out) in enumerate(zip(run.dims, run.dims[1:])):
         if i:
             layers.append(nn.ReLU())
-        layers.append(nn.Linear(d_in, d_out))
+        layer: nn.Module = nn.Linear(d_in, d_out)
+        if run.params == "two_tensor":
+            two_tensor = _compat.two_tensor_type()
+            for name, param in list(layer.named_parameters()):
+                setattr(layer, name, nn.Parameter(two_tensor(param.detach().clone(), param.detach() * 0.5)))
+        elif run.params == "nf4_lora":
+            layer = _NF4LoRALinear(layer)
+        layers.append(layer)
     return nn.Sequential(*layers)
 
 
@@ -127,7 +163,7 @@ def _shard(model: nn.Sequential, run: FSDP2Run) -> None:
     if run.param_dtype is not None:
         policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, run.param_dtype), reduce_dtype=torch.float32)
     for layer in model:
-        if isinstance(layer, nn.Linear):
+        if isinstance(layer, (nn.Linear, _NF4LoRALinear)):
             fully_shard(layer, reshard_after_forward=run.reshard_after_forward, **policy)
     fully_shard(model, **policy)
 
@@ -157,11 +193,31 @@ def _snapshot(tensors: dict[str, torch.Tensor | None]) -> dict[str, Any]:
                 "placements": tuple(str(p) for p in t.placements),
                 "sharded": any(isinstance(p, Shard) for p in t.placements),
                 "local_shape": tuple(t.to_local().shape),
-                "full": t.full_tensor().detach().clone(),
+                "full": _gathered(t.detach()),
             }
         else:
             out[name] = {"type": type(t).__name__, "placements": None, "sharded": False, "local_shape": tuple(t.shape), "full": t.detach().clone()}
     return out
+
+
+def _gathered(t: Any) -> torch.Tensor:
+    """The full value of a DTensor; for a wrapper-subclass local shard (TwoTensor), its own inner tensors.
+
+    ``full_tensor()`` of a DTensor over TwoTensor shards was seen to differ between two runs whose
+    local shards are bitwise equal (half the elements: one inner tensor), so those are compared per rank.
+    """
+    local = t.to_local()
+    if type(local) is torch.Tensor or not _compat.is_traceable_wrapper_subclass(local):
+        return t.full_tensor().clone()
+    return _plain(local)
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A plain copy of ``t``: a wrapper subclass (TwoTensor, NF4) as its inner tensors stacked, for exact comparison."""
+    if type(t) is torch.Tensor or isinstance(t, nn.Parameter) or not _compat.is_traceable_wrapper_subclass(t):
+        return t.clone()
+    names, _ = t.__tensor_flatten__()
+    return torch.cat([_plain(getattr(t, n)).reshape(-1).float() for n in names])
 
 
 def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: FSDP2Run | None = None) -> dict[str, Any]:
@@ -183,21 +239,34 @@ def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: F
     forward: Callable[..., torch.Tensor] = model
     if mode in ("compile", "stock_ca") or (mode == "subclass_ca" and run.compile_forward):
         forward = torch.compile(model, backend=run.backend)
-    optimizer = torch.optim.SGD(model.parameters(), lr=run.lr)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=run.lr)
     losses, step_times, grads = [], [], []
+    backward_graphs: list[int] = []
+    graph_breaks: list[int] = []
     for step in range(run.steps):
         x, y = rank_batch(run, rank, step)
         dist.barrier()
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss = _loss(forward, x, y)
-        with _backward_context(mode, run):
-            loss.backward()
-        grads.append(_snapshot({n: p.grad for n, p in model.named_parameters()}))
+        graphs = breaks = 0
+        for micro in range(run.accumulate):
+            last = micro == run.accumulate - 1
+            if run.accumulate > 1:
+                model.set_requires_gradient_sync(last)  # accumulate locally, reduce-scatter on the last one
+            rows = slice(micro, None, run.accumulate)
+            loss = _loss(forward, x[rows], y[rows])
+            graphs_before, breaks_before = _compat.unique_graph_count(), sum(_compat.graph_break_counts().values())
+            with _backward_context(mode, run):
+                loss.backward()
+            graphs += _compat.unique_graph_count() - graphs_before
+            breaks += sum(_compat.graph_break_counts().values()) - breaks_before
+        backward_graphs.append(graphs)
+        graph_breaks.append(breaks)
+        grads.append(_snapshot({n: p.grad for n, p in model.named_parameters() if p.requires_grad}))
         optimizer.step()
         step_times.append(time.perf_counter() - start)
         losses.append(float(loss.detach()))
-    params = _snapshot(dict(model.named_parameters()))
+    params = _snapshot({n: p for n, p in model.named_parameters() if p.requires_grad})
     from ..diagnostics import last_report
 
     report = last_report() if mode == "subclass_ca" else None
@@ -205,6 +274,8 @@ def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: F
         "ca_captures": int(_compat.ca_counters().get("captures", 0)),
         "report_fallbacks": list(report.fallbacks) if report is not None else [],
         "report_fullgraph": report.fullgraph if report is not None else None,
+        "report_split_pieces": report.split_pieces if report is not None else None,
+        "report_split_hooks": report.split_hooks if report is not None else None,
         "mode": mode,
         "rank": rank,
         "world_size": world_size,
@@ -213,6 +284,8 @@ def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: F
         "grads": grads,
         "losses": losses,
         "step_times": step_times,
+        "backward_graphs": backward_graphs,
+        "graph_breaks": graph_breaks,
     }
 
 
@@ -311,6 +384,13 @@ def run_cases(
 
 def _train_cases(rank: int, world_size: int, cases: Sequence[tuple[Sequence[str], FSDP2Run]]) -> list[dict[str, Any]]:
     return [_train_modes(rank, world_size, modes, run) for modes, run in cases]
+
+
+def run_many(
+    runs: Sequence[FSDP2Run], modes: Sequence[str] = ("eager", "subclass_ca"), *, world_size: int = 2, timeout_s: float = 120.0
+) -> list[dict[str, list[dict[str, Any]]]]:
+    """Several runs, each in all ``modes``, in one launch (one process group): results per run, then per mode and rank."""
+    return run_cases([(modes, run) for run in runs], world_size=world_size, timeout_s=timeout_s)
 
 
 def _train_modes(rank: int, world_size: int, modes: Sequence[str], run: FSDP2Run) -> dict[str, Any]:
