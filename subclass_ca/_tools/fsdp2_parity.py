@@ -59,6 +59,26 @@ __all__ = [
 MODES: tuple[str, ...] = ("eager", "compile", "subclass_ca", "stock_ca")
 PARAM_DTYPES: tuple[str | None, ...] = (None, "bfloat16", "float16")
 PARAM_KINDS: tuple[str, ...] = ("plain", "two_tensor", "nf4_lora")
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockShape:
+    """A stack of transformer blocks (RMSNorm -> causal SDPA attention -> SwiGLU), one ``fully_shard`` each."""
+
+    blocks: int = 2
+    seq: int = 16
+    dim: int = 64
+    heads: int = 4
+    hidden: int = 128
+    """SwiGLU width (``w1``/``w3``: dim -> hidden, ``w2``: hidden -> dim)."""
+
+    def __post_init__(self) -> None:
+        for name in ("blocks", "seq", "dim", "heads", "hidden"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"BlockShape.{name} must be a positive int, got {getattr(self, name)!r}")
+        if self.dim % self.heads:
+            raise ValueError(f"BlockShape: dim ({self.dim}) must be a multiple of heads ({self.heads})")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,6 +110,10 @@ class FSDP2Run:
     accumulate: int = 1
     """Micro-batches per step: all but the last run with ``set_requires_gradient_sync(False)``
     (gradient accumulation without reduce-scatter), the last one syncs."""
+    block: BlockShape | None = None
+    """A stack of transformer blocks instead of the MLP of ``dims`` (``params`` applies to their projections)."""
+    device: str = "cpu"
+    """"cpu" (gloo) or "cuda" (NCCL, one GPU per rank): where the model, the data and the collectives run."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or self.steps < 1:
@@ -107,6 +131,15 @@ class FSDP2Run:
                 raise ValueError(f"FSDP2Run.{name} must be True or False, got {getattr(self, name)!r}")
         if self.param_dtype not in PARAM_DTYPES:
             raise ValueError(f"FSDP2Run.param_dtype: got {self.param_dtype!r}, allowed values are {PARAM_DTYPES}")
+        if self.block is not None and not isinstance(self.block, BlockShape):
+            raise ValueError(f"FSDP2Run.block must be a BlockShape or None, got {self.block!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"FSDP2Run.device: got {self.device!r}, allowed values are {DEVICES}")
+
+    @property
+    def label(self) -> str:
+        """A short name of the model: ``mlp``/``block`` and its parameter kind."""
+        return f"{'mlp' if self.block is None else f'{self.block.blocks}x block'} {self.params}"
 
 
 class _NF4LoRALinear(nn.Module):
@@ -126,9 +159,36 @@ class _NF4LoRALinear(nn.Module):
         return linear_nf4(x, self.weight) + (x @ self.lora_a.t()) @ self.lora_b.t()
 
 
+def _block_model(run: FSDP2Run) -> nn.Sequential:
+    from .bench_tp import Block
+
+    shape = run.block
+    assert shape is not None
+    model = nn.Sequential(*(Block(shape.dim, shape.heads, shape.hidden) for _ in range(shape.blocks)))
+    for block in model:
+        if run.params == "two_tensor":
+            # past the first projection the activations are TwoTensors, so the RMSNorm weights are TwoTensors too
+            # (a plain weight would get a TwoTensor .grad)
+            two_tensor = _compat.two_tensor_type()
+            for module in block.modules():
+                for name, param in list(module.named_parameters(recurse=False)):
+                    setattr(module, name, nn.Parameter(two_tensor(param.detach().clone(), param.detach() * 0.5)))
+        elif run.params == "nf4_lora":
+            for parent in (block.attn, block.mlp):
+                for name, child in list(parent.named_children()):
+                    setattr(parent, name, _NF4LoRALinear(child))
+    return model
+
+
 def build_model(run: FSDP2Run) -> nn.Sequential:
-    """The dense MLP, identically initialised in every process (seeded); ``run.params`` sets its parameter kind."""
+    """The dense model, identically initialised in every process (seeded); ``run.params`` sets its parameter kind.
+
+    The MLP of ``run.dims`` (one ``fully_shard`` per linear), or with ``run.block`` a stack of
+    transformer blocks (one ``fully_shard`` per block), on ``run.device``.
+    """
     torch.manual_seed(run.seed)
+    if run.block is not None:
+        return _block_model(run).to(_device(run))
     layers: list[nn.Module] = []
     for i, (d_in, d_out) in enumerate(zip(run.dims, run.dims[1:])):
         if i:
@@ -141,15 +201,25 @@ def build_model(run: FSDP2Run) -> nn.Sequential:
         elif run.params == "nf4_lora":
             layer = _NF4LoRALinear(layer)
         layers.append(layer)
-    return nn.Sequential(*layers)
+    return nn.Sequential(*layers).to(_device(run))
+
+
+def _device(run: FSDP2Run) -> torch.device:
+    if run.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def rank_batch(run: FSDP2Run, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank ``rank``'s (input, target) rows at ``step``: different on every rank and step."""
     generator = torch.Generator().manual_seed(10_000 * (run.seed + 1) + 100 * step + rank)
-    x = torch.randn(run.batch, run.dims[0], generator=generator)
-    y = torch.randn(run.batch, run.dims[-1], generator=generator)
-    return x, y
+    if run.block is not None:
+        shape = (run.batch, run.block.seq, run.block.dim)
+        x, y = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+    else:
+        x = torch.randn(run.batch, run.dims[0], generator=generator)
+        y = torch.randn(run.batch, run.dims[-1], generator=generator)
+    return x.to(_device(run)), y.to(_device(run))
 
 
 def _loss(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -162,8 +232,10 @@ def _shard(model: nn.Sequential, run: FSDP2Run) -> None:
     policy = {}
     if run.param_dtype is not None:
         policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, run.param_dtype), reduce_dtype=torch.float32)
+    from .bench_tp import Block
+
     for layer in model:
-        if isinstance(layer, (nn.Linear, _NF4LoRALinear)):
+        if isinstance(layer, (nn.Linear, _NF4LoRALinear, Block)):
             fully_shard(layer, reshard_after_forward=run.reshard_after_forward, **policy)
     fully_shard(model, **policy)
 
