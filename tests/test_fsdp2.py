@@ -14,7 +14,7 @@ import torch
 import subclass_ca
 from subclass_ca import _compat, _fsdp2
 from subclass_ca._tools import fsdp2_parity as fsdp2
-from subclass_ca._tools.fsdp2_parity import FSDP2Run
+from subclass_ca._tools.fsdp2_parity import BlockShape, FSDP2Run
 
 # --- worker functions (module level: spawned workers import them by name) --------------
 
@@ -176,11 +176,15 @@ def test_fsdp2_bf16_mixed_precision_is_bitwise_equal_to_eager_fsdp2(variant_runs
 
 # --- the split path (Note [Splitting the CA graph at FSDP2's hooks] in _split.py) -----------
 
+TEST_BLOCKS = BlockShape(blocks=2, seq=8, dim=32, heads=2, hidden=64)
 SPLIT_CASES = {
     "two_tensor": FSDP2Run(steps=2, params="two_tensor"),
     "two_tensor_no_reshard": FSDP2Run(steps=2, params="two_tensor", reshard_after_forward=False),
     "two_tensor_accumulate": FSDP2Run(steps=2, params="two_tensor", accumulate=2),
     "nf4_lora": FSDP2Run(steps=2, params="nf4_lora"),
+    # the realistic models of `bench --fsdp2`, smaller: 2 transformer blocks, one fully_shard each
+    "block_two_tensor": FSDP2Run(steps=2, batch=2, block=TEST_BLOCKS, params="two_tensor"),
+    "block_nf4_lora": FSDP2Run(steps=2, batch=2, block=TEST_BLOCKS, params="nf4_lora"),
 }
 
 
@@ -193,7 +197,7 @@ def _nf4_unavailable() -> str | None:
 @pytest.fixture(scope="module")
 def split_runs() -> dict:
     """Every split case, eager FSDP2 and subclass_ca, in one 2-process launch."""
-    names = [name for name in SPLIT_CASES if name != "nf4_lora" or _nf4_unavailable() is None]
+    names = [name for name, run in SPLIT_CASES.items() if run.params != "nf4_lora" or _nf4_unavailable() is None]
     results = fsdp2.run_many([SPLIT_CASES[name] for name in names], ("eager", "subclass_ca"), world_size=2, timeout_s=170)
     return dict(zip(names, results))
 
@@ -337,6 +341,14 @@ def test_fsdp2_run_config_validates_fields() -> None:
         FSDP2Run(params="int4")
     with pytest.raises(ValueError, match="FSDP2Run.accumulate"):
         FSDP2Run(accumulate=0)
+    with pytest.raises(ValueError, match="FSDP2Run.block must be a BlockShape"):
+        FSDP2Run(block=(2, 8))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="FSDP2Run.device"):
+        FSDP2Run(device="tpu")
+    with pytest.raises(ValueError, match="multiple of heads"):
+        BlockShape(dim=30, heads=4)
+    with pytest.raises(ValueError, match="BlockShape.blocks"):
+        BlockShape(blocks=0)
 
 
 @pytest.mark.distributed

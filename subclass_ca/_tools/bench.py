@@ -899,7 +899,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--note", help="free text about the machine (shared, noisy, ...) recorded in RESULTS.md")
     p.add_argument("--render", metavar="RESULTS_JSON", help="do not measure: re-render RESULTS.md and the chart from a results.json")
     p.add_argument("--append", metavar="MARKDOWN", help="append this markdown file (e.g. an analysis) to RESULTS.md")
-    p.add_argument("--fsdp2", action="store_true", help="also time FSDP2 (fully_shard) training, eager FSDP2 vs subclass_ca "
+    p.add_argument("--fsdp2", action="store_true", help="also time FSDP2 (fully_shard) training, eager FSDP2 vs compile vs subclass_ca "
+                   "on a micro MLP (3 runs) and transformer blocks (TwoTensor, NF4-LoRA), backends of --backends, gradients "
+                   "checked against eager FSDP2 "
                    "(multi-process; combine with --render to add it to existing results)")
     p.add_argument("--tp", action="store_true", help="also time a tensor-parallel transformer block (DTensor weights) in "
                    "eager / compile / stock CA / subclass_ca on --nproc processes, gradients checked against eager "
@@ -939,10 +941,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = json.load(f)
     else:
         results = run(settings)
-    if args.fsdp2:  # subclass_ca/_tools/fsdp2_parity.py: step time vs eager FSDP2, correctness checked
-        from . import fsdp2_parity as fsdp2
+    if args.fsdp2:  # subclass_ca/_tools/bench_fsdp2.py: micro MLP and transformer blocks vs eager FSDP2, checked
+        from . import bench_fsdp2
 
-        results["fsdp2"] = fsdp2.bench(world_size=args.nproc)
+        fsdp2_settings = bench_fsdp2.FSDP2Bench(backends=settings.backends, device=settings.device)
+        results["fsdp2"] = bench_fsdp2.bench(world_size=args.nproc, settings=fsdp2_settings)
+        print(bench_fsdp2.format_summary(results["fsdp2"]))
     if args.tp:  # _tools/bench_tp.py: TP transformer block, every mode's gradients vs eager
         from . import bench_tp
 
@@ -958,10 +962,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dump(results, f, indent=1, default=str)
     with open(os.path.join(settings.out_dir, "RESULTS.md"), "w") as f:
         f.write(render_markdown(results))
-        if results.get("fsdp2"):
-            from . import fsdp2_parity as fsdp2
+        if results.get("fsdp2", {}).get("rows"):  # an older results.json holds the parity-run summary: not rendered
+            from . import bench_fsdp2
 
-            f.write(fsdp2.markdown_section(results["fsdp2"]))
+            f.write(bench_fsdp2.markdown_section(results["fsdp2"]))
         if results.get("tp"):
             from . import bench_tp
 
@@ -969,6 +973,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     verdicts = [(text, results["verdicts"][key]) for key, text in TARGETS.items()]
     if results.get("runtime"):
         verdicts += [(text, results["runtime"]["verdicts"][key]) for key, text in _bench_runtime.TARGETS.items()]
+    if results.get("fsdp2", {}).get("verdicts"):
+        from . import bench_fsdp2
+
+        verdicts += [(text, results["fsdp2"]["verdicts"][key]) for key, text in bench_fsdp2.TARGETS.items()]
     for text, v in verdicts:
         print(f"{ {True: 'met   ', False: 'MISSED', None: 'n/a   '}[v['met']]} {text}: {v['detail']}")
     print(f"wrote {os.path.join(settings.out_dir, 'RESULTS.md')} ({results['wall_s']:.0f} s)")
