@@ -54,6 +54,8 @@ __all__ = [
     "summary_json",
     "format_summary",
     "markdown_section",
+    "add_arguments",
+    "profile_main",
     "main",
 ]
 
@@ -446,7 +448,8 @@ def _gpu_cell(rs: ReduceScatter) -> str:
 
 def _headline(summary: dict[str, Any]) -> str:
     run = summary["run"]
-    return (f"FSDP2 MLP {tuple(run['dims'])}, {summary['world_size']} processes "
+    model = f"block {run['block']!r}" if run.get("block") else f"MLP {tuple(run['dims'])}"
+    return (f"FSDP2 {model}, {summary['world_size']} processes "
             f"({'NCCL, cuda' if summary['device'] == 'cuda' else 'gloo, cpu'}), step {run['steps']} of {run['steps']} "
             f"profiled on rank 0, backend {run['backend']}, torch {summary['torch']}")
 
@@ -506,37 +509,58 @@ def markdown_section(summary: dict[str, Any]) -> str:
 
 def _run_from_args(args: argparse.Namespace) -> FSDP2Run:
     fields = {f.name for f in dataclasses.fields(FSDP2Run)}
+    device = getattr(args, "device", None) or "cpu"
+    steps = getattr(args, "steps", None) or getattr(args, "fsdp2_steps", None) or 4
     extra = {}
-    if args.device != "cpu":
+    if device != "cpu":
         if "device" not in fields:
-            raise ValueError("--device cuda: this FSDP2Run has no device field yet")
-        extra["device"] = args.device
-    return FSDP2Run(steps=args.steps, backend=args.backend, **extra)
+            raise ValueError(f"--device {device}: this FSDP2Run has no device field yet")
+        extra["device"] = device
+    return FSDP2Run(steps=steps, backend=getattr(args, "backend", None) or "aot_eager", **extra)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The profile's own options (``--trace-dir``, ``--markdown``); ``fsdp2 --profile`` shares them."""
+    parser.add_argument("--trace-dir", metavar="DIR", help="write rank 0's chrome traces (fsdp2_<mode>_rank0.json) here")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the markdown section")
+
+
+def profile_main(args: argparse.Namespace, *, command: str = "python -m subclass_ca fsdp2-profile") -> int:
+    """Profile, print, write ``--json`` / ``--markdown``; exit status 1 when the modes' schedules differ.
+
+    Reads ``nproc``, ``backend``, ``steps`` (or ``fsdp2_steps``), ``device``, ``timeout``,
+    ``trace_dir``, ``json``, ``markdown`` from ``args``, each optional (so a parser that has
+    only some of them, like ``fsdp2 --profile``, can call it); raises ValueError on bad values.
+    """
+    run = _run_from_args(args)
+    trace_dir = getattr(args, "trace_dir", None)
+    summary = profile(run, world_size=getattr(args, "nproc", 2), timeout_s=getattr(args, "timeout", 300.0), trace_dir=trace_dir)
+    summary["command"] = command
+    print(format_summary(summary))
+    if getattr(args, "json", None):
+        Path(args.json).write_text(json.dumps(summary_json(summary), indent=2) + "\n")
+    if getattr(args, "markdown", None):
+        Path(args.markdown).write_text(markdown_section(summary))
+    if trace_dir:
+        print(f"chrome traces: {trace_dir}/fsdp2_<mode>_rank0.json")
+    return 0 if summary["same_schedule"] else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(argv) if argv is not None else sys.argv[1:]
     parser = argparse.ArgumentParser(prog="python -m subclass_ca fsdp2-profile", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2, help="world size (processes on 127.0.0.1)")
     parser.add_argument("--backend", default="aot_eager", help="backend of the compiled forward and the CA pieces")
     parser.add_argument("--steps", type=int, default=4, help="steps per mode; the last one is profiled (default 4)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="gloo on CPU or NCCL on CUDA")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are terminated")
-    parser.add_argument("--trace-dir", metavar="DIR", help="write rank 0's chrome traces (fsdp2_<mode>_rank0.json) here")
     parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
-    parser.add_argument("--markdown", metavar="PATH", help="also write the markdown section")
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
     try:
-        run = _run_from_args(args)
-        summary = profile(run, world_size=args.nproc, timeout_s=args.timeout, trace_dir=args.trace_dir)
+        return profile_main(args, command=" ".join(["python -m subclass_ca fsdp2-profile", *argv]))
     except ValueError as error:
         parser.error(str(error))
-    summary["command"] = " ".join(["python -m subclass_ca fsdp2-profile", *(argv if argv is not None else sys.argv[1:])])
-    print(format_summary(summary))
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary_json(summary), indent=2) + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(markdown_section(summary))
-    return 0 if summary["same_schedule"] else 1
 
 
 if __name__ == "__main__":
