@@ -1,4 +1,4 @@
-"""``python -m subclass_ca {demo,check,bench,fsdp2,versions}``: each subcommand lives in its own module."""
+"""``python -m subclass_ca {demo,check,bench,fsdp2,fsdp2-profile,versions}``: each subcommand lives in its own module."""
 
 from __future__ import annotations
 
@@ -10,13 +10,15 @@ _COMMANDS = {
     "check": ("subclass_ca.testing._cli", "certify registered and zoo subclasses; print a table"),
     "bench": ("subclass_ca._tools.bench", "benchmark eager / compile / stock CA / subclass_ca"),
     "fsdp2": ("subclass_ca._tools.fsdp2_parity", "FSDP2 (fully_shard) on N processes: each mode vs eager FSDP2 and a dense run"),
+    "fsdp2-profile": ("subclass_ca._tools.fsdp2_profile", "FSDP2 backward under torch.profiler: where the reduce-scatters run, eager vs subclass_ca"),
     "versions": ("subclass_ca._tools.support_table", "support table: run one torch lane (run) or merge lanes (render)"),
 }
 
 
 def _usage() -> str:
     lines = ["usage: python -m subclass_ca {" + ",".join(_COMMANDS) + "} [options]", ""]
-    lines += [f"  {name:6s} {help_text}" for name, (_, help_text) in _COMMANDS.items()]
+    width = max(map(len, _COMMANDS))
+    lines += [f"  {name:{width}s} {help_text}" for name, (_, help_text) in _COMMANDS.items()]
     return "\n".join(lines)
 
 
