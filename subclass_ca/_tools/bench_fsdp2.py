@@ -5,9 +5,9 @@ ranks (gloo on 127.0.0.1; NCCL with ``device="cuda"``) that each time, per row:
 
 * ``micro``: the parity MLP (``fsdp2_parity.FSDP2Run``'s default, plain weights), ``micro_runs``
   independent runs (fresh models each) so the "median over >= 3 runs" target has its runs;
-* ``block two_tensor``: two transformer blocks (RMSNorm, causal SDPA attention, SwiGLU), every
+* ``block_two_tensor``: two transformer blocks (RMSNorm, causal SDPA attention, SwiGLU), every
   weight a torch TwoTensor, one ``fully_shard`` per block;
-* ``block nf4_lora``: the same blocks as QLoRA: frozen torchao NF4 projections + trainable LoRA
+* ``block_nf4_lora``: the same blocks as QLoRA: frozen torchao NF4 projections + trainable LoRA
   factors (skipped, with the reason, without torchao);
 
 each under every backend of ``backends``, in three modes built from the same seed: ``eager``
@@ -46,8 +46,8 @@ MODES: tuple[str, ...] = ("eager", "compile", "subclass_ca")
 #: row model -> the run it trains (backend and device filled in per row)
 MODELS: dict[str, parity.FSDP2Run] = {
     "micro": parity.FSDP2Run(),
-    "block two_tensor": parity.FSDP2Run(block=parity.BlockShape(), params="two_tensor", batch=2),
-    "block nf4_lora": parity.FSDP2Run(block=parity.BlockShape(), params="nf4_lora", batch=2),
+    "block_two_tensor": parity.FSDP2Run(block=parity.BlockShape(), params="two_tensor", batch=2),
+    "block_nf4_lora": parity.FSDP2Run(block=parity.BlockShape(), params="nf4_lora", batch=2),
 }
 #: backend -> atol = rtol of the check against eager FSDP2 (other backends: the inductor value)
 TOLERANCE: dict[str, float] = {"aot_eager": 0.0, "inductor": 1e-4}
@@ -351,7 +351,7 @@ def markdown_section(result: dict[str, Any]) -> str:
         "",
         f"Device {s['device']} ({'NCCL' if s['device'] == 'cuda' else 'gloo, 127.0.0.1'}), different data per rank, SGD. "
         "Rows: `micro` = MLP (16, 32, 32, 8), one `fully_shard` per linear + root, "
-        f"{s['micro_runs']} independent runs; `block ...` = 2 transformer blocks (RMSNorm, 4-head causal SDPA attention, "
+        f"{s['micro_runs']} independent runs; `block_...` = 2 transformer blocks (RMSNorm, 4-head causal SDPA attention, "
         "SwiGLU; dim 64, hidden 128, batch 2 x seq 16), one `fully_shard` per block + root, with TwoTensor weights or "
         "frozen NF4 projections + LoRA (QLoRA). Modes: eager FSDP2; `compile` = compiled forward, eager backward; "
         "`subclass_ca` = compiled forward, backward under `enable()` (CA graph split at FSDP2's hooks, each piece "

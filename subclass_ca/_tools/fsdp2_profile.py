@@ -318,15 +318,11 @@ def schedule_from_trace(
 # --- profiling (runs in every rank; rank 0 profiles) ------------------------------
 
 
-def _device(run: FSDP2Run) -> str:
-    return getattr(run, "device", "cpu") or "cpu"
-
-
 def _profiled_backward(loss: torch.Tensor, mode: str, run: FSDP2Run, trace: Path | None) -> list[dict[str, Any]]:
     """``loss.backward()`` in ``mode`` under torch.profiler (CUDA activity too on a GPU); the trace events."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    cuda = _device(run) == "cuda"
+    cuda = run.device == "cuda"
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     with profile(activities=activities) as prof:
         with record_function(BACKWARD_LABEL):
@@ -346,16 +342,13 @@ def _profile_mode(rank: int, mode: str, run: FSDP2Run, trace_dir: str | None) ->
 
     from ..diagnostics import last_report
 
-    device = _device(run)
-    model = build_model(run)
-    if device != "cpu":
-        model.to(device)
+    model = build_model(run)  # on run.device
     _shard(model, run)
     forward = torch.compile(model, backend=run.backend) if mode == "subclass_ca" else model
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=run.lr)
     schedule = None
     for step in range(run.steps):
-        x, y = (t.to(device) for t in rank_batch(run, rank, step))
+        x, y = rank_batch(run, rank, step)
         dist.barrier()
         optimizer.zero_grad(set_to_none=True)
         loss = torch.nn.functional.mse_loss(forward(x), y)
@@ -410,14 +403,14 @@ def profile(
     if trace_dir is not None:
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
     results = run_workers(
-        _profile_worker, world_size, timeout_s=timeout_s, device=_device(run),
+        _profile_worker, world_size, timeout_s=timeout_s, device=run.device,
         args=(tuple(modes), run, None if trace_dir is None else str(trace_dir)),
     )
     schedules: dict[str, Schedule] = results[0]
     outlines = {mode: schedule.outline() for mode, schedule in schedules.items()}
     return {
         "world_size": world_size,
-        "device": _device(run),
+        "device": run.device,
         "run": dataclasses.asdict(run),
         "torch": torch.__version__,
         "modes": schedules,
@@ -508,15 +501,14 @@ def markdown_section(summary: dict[str, Any]) -> str:
 
 
 def _run_from_args(args: argparse.Namespace) -> FSDP2Run:
-    fields = {f.name for f in dataclasses.fields(FSDP2Run)}
-    device = getattr(args, "device", None) or "cpu"
+    from .bench_fsdp2 import MODELS
+
+    model = getattr(args, "model", None) or "micro"
+    if model not in MODELS:
+        raise ValueError(f"--model: got {model!r}, allowed values are {list(MODELS)}")
     steps = getattr(args, "steps", None) or getattr(args, "fsdp2_steps", None) or 4
-    extra = {}
-    if device != "cpu":
-        if "device" not in fields:
-            raise ValueError(f"--device {device}: this FSDP2Run has no device field yet")
-        extra["device"] = device
-    return FSDP2Run(steps=steps, backend=getattr(args, "backend", None) or "aot_eager", **extra)
+    return dataclasses.replace(MODELS[model], steps=steps, backend=getattr(args, "backend", None) or "aot_eager",
+                               device=getattr(args, "device", None) or "cpu")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -553,6 +545,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backend", default="aot_eager", help="backend of the compiled forward and the CA pieces")
     parser.add_argument("--steps", type=int, default=4, help="steps per mode; the last one is profiled (default 4)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="gloo on CPU or NCCL on CUDA")
+    parser.add_argument("--model", default="micro", help="micro (the parity MLP), block_two_tensor or block_nf4_lora "
+                        "(2 transformer blocks, as in bench --fsdp2)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are terminated")
     parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
     add_arguments(parser)

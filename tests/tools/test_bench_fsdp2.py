@@ -9,7 +9,7 @@ import pytest
 from subclass_ca._tools import bench as _bench
 from subclass_ca._tools import bench_fsdp2
 
-TINY = bench_fsdp2.FSDP2Bench(models=("micro", "block two_tensor"), backends=("aot_eager",), micro_runs=1,
+TINY = bench_fsdp2.FSDP2Bench(models=("micro", "block_two_tensor"), backends=("aot_eager",), micro_runs=1,
                               warmup=0, reps=2, block=1)
 
 
@@ -23,7 +23,7 @@ def fsdp2_result() -> dict:
 @pytest.mark.timeout(250)
 def test_fsdp2_bench_times_every_mode_per_round_and_matches_eager_fsdp2_bitwise(fsdp2_result):
     rows = fsdp2_result["rows"]
-    assert [(r["model"], r["backend"], r["run"]) for r in rows] == [("micro", "aot_eager", 0), ("block two_tensor", "aot_eager", 0)]
+    assert [(r["model"], r["backend"], r["run"]) for r in rows] == [("micro", "aot_eager", 0), ("block_two_tensor", "aot_eager", 0)]
     for row in rows:
         assert set(row["modes"]) == set(bench_fsdp2.MODES), row
         assert row["split_pieces"] >= 3  # the CA graph really was split at FSDP2's hooks
@@ -49,10 +49,10 @@ def _row(model: str, backend: str, run: int, ratio: float) -> dict:
 
 def test_verdicts_judge_the_median_of_three_micro_runs_and_the_worst_inductor_block_row():
     micro = [_row("micro", "aot_eager", i, r) for i, r in enumerate((0.97, 1.04, 0.99))]
-    blocks = [_row("block two_tensor", "inductor", 0, 0.85), _row("block nf4_lora", "inductor", 0, 0.93)]
+    blocks = [_row("block_two_tensor", "inductor", 0, 0.85), _row("block_nf4_lora", "inductor", 0, 0.93)]
     verdicts = bench_fsdp2.verdicts(micro + blocks)
     assert verdicts["micro"]["met"] is True and "0.990x" in verdicts["micro"]["detail"]
-    assert verdicts["blocks"]["met"] is False and "block nf4_lora 0.930x" in verdicts["blocks"]["detail"]
+    assert verdicts["blocks"]["met"] is False and "block_nf4_lora 0.930x" in verdicts["blocks"]["detail"]
     assert bench_fsdp2.verdicts(micro[:2])["micro"]["met"] is None  # fewer than 3 runs: not judged
 
 
