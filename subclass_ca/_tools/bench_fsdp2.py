@@ -13,7 +13,9 @@ ranks (gloo on 127.0.0.1; NCCL with ``device="cuda"``) that each time, per row:
 each under every backend of ``backends``, in three modes built from the same seed: ``eager``
 (eager FSDP2), ``compile`` (``torch.compile(model)`` forward, eager backward) and
 ``subclass_ca`` (compiled forward, backward under ``subclass_ca.enable(backend=...)``: the CA
-graph split at FSDP2's hooks, Note [Splitting the CA graph at FSDP2's hooks]).  A step is
+graph split at FSDP2's hooks, Note [Splitting the CA graph at FSDP2's hooks]) and
+``graph_breaks`` (the same under ``enable(backend=..., fullgraph=False)``: the CA graph compiled
+whole with Dynamo graph breaks at the hooks, the path before the split).  A step is
 ``zero_grad`` + forward + mse loss + backward + SGD step.
 
 Timing: after the cold step and ``warmup`` steps, ``reps`` interleaved rounds of ``block``
@@ -42,7 +44,9 @@ from . import fsdp2_parity as parity
 
 __all__ = ["FSDP2Bench", "MODES", "MODELS", "TARGETS", "bench", "markdown_section", "format_summary"]
 
-MODES: tuple[str, ...] = ("eager", "compile", "subclass_ca")
+MODES: tuple[str, ...] = ("eager", "compile", "subclass_ca", "graph_breaks")
+#: the backward context of each CA mode: ``enable(backend=..., **kwargs)``
+CA_MODES: dict[str, dict[str, Any]] = {"subclass_ca": {}, "graph_breaks": {"fullgraph": False}}
 #: row model -> the run it trains (backend and device filled in per row)
 MODELS: dict[str, parity.FSDP2Run] = {
     "micro": parity.FSDP2Run(),
@@ -126,10 +130,10 @@ def _build_mode(name: str, run: parity.FSDP2Run, rank: int) -> _Mode:
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(trainable, lr=run.lr)
     context: Callable[[], Any] = contextlib.nullcontext
-    if name == "subclass_ca":
+    if name in CA_MODES:
         from ..api import enable
 
-        ours = enable(backend=run.backend)
+        ours = enable(backend=run.backend, **CA_MODES[name])
         context = lambda: ours  # noqa: E731 - one enable() object per mode, entered every step
     counter = iter(range(1 << 30))
 
@@ -182,10 +186,12 @@ def _row(rank: int, settings: FSDP2Bench, model_name: str, backend: str) -> dict
     run = dataclasses.replace(MODELS[model_name], backend=backend, device=settings.device)
     reset()
     modes = [_build_mode(name, run, rank) for name in MODES]
+    report = None
     for mode in modes:
         mode.cold_ms = _timed(mode, 1, settings.device)
         mode.grads_first = _local_plain({n: p.grad for n, p in mode.model.named_parameters() if p.requires_grad})
-    report = last_report()
+        if mode.name == "subclass_ca":
+            report = last_report()
     for _ in range(settings.warmup):
         for mode in modes:
             _timed(mode, 1, settings.device)
@@ -355,7 +361,8 @@ def markdown_section(result: dict[str, Any]) -> str:
         "SwiGLU; dim 64, hidden 128, batch 2 x seq 16), one `fully_shard` per block + root, with TwoTensor weights or "
         "frozen NF4 projections + LoRA (QLoRA). Modes: eager FSDP2; `compile` = compiled forward, eager backward; "
         "`subclass_ca` = compiled forward, backward under `enable()` (CA graph split at FSDP2's hooks, each piece "
-        f"compiled fullgraph). Step = zero_grad + forward + loss + backward + SGD step. {s['reps']} interleaved rounds "
+        "compiled fullgraph); `graph_breaks` = the same under `enable(fullgraph=False)`: the whole CA graph compiled "
+        f"with Dynamo graph breaks at the hooks (the path before the split). Step = zero_grad + forward + loss + backward + SGD step. {s['reps']} interleaved rounds "
         f"of {s['block']} steps per mode after {s['warmup']} warm-up steps (order alternating, a barrier before each "
         "sample, rank 0's clock); the ratio to eager FSDP2 is taken within each round, then its median (IQR). "
         "Correctness: every rank's gradient shards after the cold step and parameter shards after the last step "
