@@ -180,9 +180,61 @@ def _hook_on_rebuilt(*flat: Any, hook_fn: Any, makes: Any, flatten: Any, plans: 
     return _desugared_like(result, plans[index], flatten)
 
 
+def _is_post_hook_without_input_grads(args: tuple[Any, ...]) -> bool:
+    """A module post hook called from the output side: ``(None, grad_inputs all None, grad_outputs)``."""
+    return (
+        len(args) == 3
+        and args[0] is None
+        and isinstance(args[1], (tuple, list))
+        and not any(isinstance(value, torch.Tensor) for value in args[1])
+        and isinstance(args[2], (tuple, list))
+        and any(isinstance(value, torch.Tensor) for value in args[2])
+    )
+
+
+def _post_hooks_then_outputs(_: Any, grad_outputs: Any, grad_inputs: Any, *, hook_fn: Any, **kwargs: Any) -> Any:
+    """Traced by Dynamo at CA time: the module's post hooks on ``(grad_inputs, grad_outputs)``, then ``grad_outputs``."""
+    result = hook_fn(None, grad_inputs, grad_outputs, **kwargs)
+    if result is not None and any(value is not None for value in result):
+        # what eager's BackwardHook raises; ours surfaces as itself (Note [Only real graph breaks become GraphBreakError])
+        raise HookOnSubclassError(
+            "a full backward hook of a module none of whose inputs requires grad returned gradients; torch calls it "
+            "with grad_input all None and refuses any returned gradient (eager raises 'Backward hook for Modules where "
+            "no input requires gradient should always return None or None for all gradients.'). Return None from that "
+            "hook (it can still read grad_output), or use register_full_backward_pre_hook to change grad_output."
+        )
+    return grad_outputs
+
+
+def _post_hooks_kept_alive(grad_inputs: Any, grad_outputs: Any, fn: Any, kwargs: dict[str, Any]) -> None:
+    """Note [Post hooks of a module whose inputs need no gradient]."""
+    carried = subclass_trace_wrapped(
+        None, grad_outputs, grad_inputs, fn=functools.partial(_post_hooks_then_outputs, hook_fn=fn), **kwargs
+    )
+    with torch.no_grad():
+        for given, traced in zip(grad_outputs, carried):
+            if isinstance(given, torch.Tensor):
+                given.copy_(traced)  # the same values; what BackwardHook returns now depends on the hook call
+
+
+# Note [Post hooks of a module whose inputs need no gradient]
+# -----------------------------------------------------------
+# When no input of a module requires grad, torch's ``BackwardHook`` calls the module's full
+# backward post hooks from its *output* hook, as ``hook(module, (None, ...), grad_outputs)``,
+# and discards the result (it must be None).  Traced with compiled autograd on, that call is a
+# ``trace_wrapped`` node whose output nothing uses, and AOTAutograd's partitioner removes
+# every unused node of the backward graph: the hook is silently never called (stock torch
+# too).  So the call goes through the HOP with the arguments swapped: its traced output is
+# shaped like ``grad_outputs`` (at CA time :func:`_post_hooks_then_outputs` runs the hooks
+# and returns ``grad_outputs`` unchanged), and that output is copied into the gradients the
+# output hook returns: the node is used, kept, and the hook runs every backward, as in eager.
+
+
 def subclass_trace_wrapped(*args: Any, fn: Any, **kwargs: Any) -> Any:
     """Dynamo's ``trace_wrapped`` with subclass gradients desugared (Note [Hooks on subclass intermediates])."""
     global _flatten_callable
+    if _is_post_hook_without_input_grads(args):
+        return _post_hooks_kept_alive(args[1], args[2], fn, kwargs)
     original = _original_trace_wrapped
     pairs = [_desugared(value) for value in args]
     plans = tuple(plan for _, plan in pairs)

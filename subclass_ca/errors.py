@@ -55,7 +55,7 @@ class FSDP2UnsupportedError(SubclassCAError):
 
 
 class HookOnSubclassError(SubclassCAError):
-    """A tensor hook on a subclass intermediate inside the compiled region that cannot be captured."""
+    """A tensor or module backward hook inside the compiled region that cannot be captured as eager runs it."""
 
 
 class GraphBreakError(SubclassCAError):

@@ -151,3 +151,92 @@ def test_module_hook_returning_none_for_a_subclass_gradient_names_the_subclass_a
 def test_module_hook_returning_the_wrong_structure_names_the_cause_and_the_fix():
     text = _error_text(lambda mod, grad_input, grad_output: grad_input[0] * 2.0)
     assert "returned TwoTensor in place of 1 gradients" in text and "return None or a tuple with one gradient per place" in text
+
+
+# --- a module none of whose inputs requires grad (Note [Post hooks of a module whose inputs need no gradient]) --
+
+
+class PlainTwoLayers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(3)
+        self.first = torch.nn.Linear(4, 4)
+        self.head = torch.nn.Linear(4, 3)
+        with torch.no_grad():
+            for param in self.parameters():
+                param.copy_(torch.randn(param.shape, generator=generator))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.first(x).relu())
+
+
+def _train_first_hooked(model_type: type, backend: str | None, context_factory) -> tuple[torch.nn.Module, list]:
+    """Both hooks on ``model.first``, whose input (the data) requires no grad: torch calls the post hook
+    from the output side, with ``grad_input == (None,)``."""
+    model = model_type()
+    seen: list = []
+    model.first.register_full_backward_pre_hook(lambda mod, grad_output: seen.append(("pre", _copies(grad_output))))
+    model.first.register_full_backward_hook(
+        lambda mod, grad_input, grad_output: seen.append(("post", _copies(grad_input), _copies(grad_output)))
+    )
+    forward = torch.compile(model, backend=backend) if backend else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with context_factory(), pytest.warns(UserWarning, match="no inputs require gradients"):
+        for index in range(STEPS):
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(20 + index))
+            optimizer.zero_grad()
+            forward(x).sin().sum().backward()
+            optimizer.step()
+    return model, seen
+
+
+def _assert_first_hooked_matches_eager(model_type: type, backend: str) -> None:
+    eager, eager_seen = _train_first_hooked(model_type, None, contextlib.nullcontext)
+    model, seen = _train_first_hooked(model_type, backend, lambda: subclass_ca.enable(backend=backend))
+    exact = backend == "aot_eager"
+    assert [entry[0] for entry in eager_seen] == ["pre", "post"] * STEPS
+    assert [entry[0] for entry in seen] == ["pre", "post"] * STEPS  # the post hook ran every step, after the pre hook
+    for got, want in zip(seen, eager_seen):
+        if got[0] == "post":
+            assert got[1] == want[1] == [None]  # grad_input: the data needs no gradient
+        for got_grad, want_grad in zip(got[-1], want[-1]):
+            assert type(got_grad) is type(want_grad)
+            assert_same_grad(want_grad, got_grad, exact=exact)
+    for param, eager_param in zip(model.parameters(), eager.parameters()):
+        assert_same_grad(eager_param.grad, param.grad, exact=exact)
+        assert_same_grad(eager_param.detach(), param.detach(), exact=exact)
+
+
+@pytest.mark.parametrize("model_type", [PlainTwoLayers, TwoLayers], ids=["plain", "two_tensor"])
+def test_post_hook_of_a_module_whose_inputs_need_no_grad_runs_every_step_like_eager(model_type):
+    _assert_first_hooked_matches_eager(model_type, "aot_eager")
+
+
+@pytest.mark.inductor
+def test_post_hook_of_a_module_whose_inputs_need_no_grad_runs_every_step_like_eager_inductor():
+    _assert_first_hooked_matches_eager(TwoLayers, "inductor")
+
+
+def test_stock_compiled_autograd_drops_the_post_hook_of_a_module_whose_inputs_need_no_grad():
+    """What the fix is for: torch's own path loses the post hook silently (plain weights, no subclass)."""
+
+    def compiler_fn(gm: torch.fx.GraphModule):
+        return torch.compile(gm, backend="aot_eager", fullgraph=True)
+
+    _, seen = _train_first_hooked(PlainTwoLayers, "aot_eager", lambda: _compat.enable_compiled_autograd(compiler_fn, dynamic=True))
+    assert [entry[0] for entry in seen] == ["pre"] * STEPS
+
+
+def test_post_hook_of_a_module_whose_inputs_need_no_grad_returning_gradients_is_refused_like_eager():
+    """Eager raises when that hook returns gradients; so do we, before any gradient exists (not silently ignored)."""
+    model = PlainTwoLayers()
+    model.first.register_full_backward_hook(lambda mod, grad_input, grad_output: (grad_output[0] * 2.0,))
+    with pytest.raises(RuntimeError, match="no input requires gradient should always return None"), pytest.warns(UserWarning):
+        model(torch.randn(3, 4)).sum().backward()
+    model.zero_grad(set_to_none=True)
+    forward = torch.compile(model, backend="aot_eager")
+    with pytest.raises(subclass_ca.HookOnSubclassError) as info, pytest.warns(UserWarning), subclass_ca.enable():
+        forward(torch.randn(3, 4)).sum().backward()
+    text = str(info.value)
+    assert "none of whose inputs requires grad returned gradients" in text and "Return None from that hook" in text
+    assert all(param.grad is None for param in model.parameters())
