@@ -132,8 +132,8 @@ class CompiledCAGraph:
             return
         config = self._config
 
-        def compile_piece(piece: torch.fx.GraphModule, *, fullgraph: bool) -> Any:
-            return torch.compile(piece, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
+        def compile_piece(forward: Callable[..., Any], *, fullgraph: bool) -> Any:
+            return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
 
         split = _split.split_graph(self._graph_module, points, compile_piece, self._report)
         self._graph_breaks_allowed = True  # eager code (the hooks) runs between the pieces: final callbacks apply

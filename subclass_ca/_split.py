@@ -23,7 +23,12 @@ So we split the CA graph ourselves, at FX level, before Dynamo sees it:
 * ``torch.fx.passes.split_module`` (``keep_original_order=True``) builds a top-level
   GraphModule that calls the pieces in graph order; the top level itself runs as plain
   Python (the wrapper around it is ``dynamo.disable``-d), so a step pays exactly one Dynamo
-  frame entry per compiled piece and none for the hooks.
+  frame entry per compiled piece and none for the hooks;
+* nothing on that path goes through ``nn.Module.__call__``: the top level's ``forward`` is
+  called directly, each eager piece is its GraphModule's bound ``forward`` and each compiled
+  piece is ``torch.compile`` of its bound ``forward`` (not of the module), which saves the
+  module-call machinery -- two ``_call_impl`` layers per compiled piece, one per eager piece,
+  about 0.1 ms of a 2.8 ms backward on the micro MLP of ``bench --fsdp2``.
 
 A piece whose own code needs a graph break (e.g. a user's untraceable tensor hook beside
 FSDP2's) fails to compile under ``fullgraph=True`` before any of its code runs (Dynamo traces
@@ -162,7 +167,7 @@ class _Piece:
         self._name = name
         self._compile_piece = compile_piece
         self._report = report
-        self._compiled = compile_piece(module, fullgraph=True)
+        self._compiled = compile_piece(module.forward, fullgraph=True)
         self._first = True
 
     def __call__(self, *args: Any) -> Any:
@@ -174,7 +179,7 @@ class _Piece:
             # fullgraph=True fails while tracing, before any of this piece's code ran
             if not _compat.is_graph_break(error):
                 raise
-            self._compiled = self._compile_piece(self._module, fullgraph=False)
+            self._compiled = self._compile_piece(self._module.forward, fullgraph=False)
             self._report.fallbacks.append(
                 f"split piece {self._name}: needs a graph break ({_compat.graph_break_type(error)}); "
                 "compiled with fullgraph=False"
@@ -189,13 +194,14 @@ class SplitGraph:
 
     def __init__(self, top: torch.fx.GraphModule, pieces: int, hooks: int) -> None:
         self.top = top
+        self._forward = top.forward
         self.pieces = pieces
         """Compiled pieces (one Dynamo frame entry each per run)."""
         self.hooks = hooks
         """Split points run eagerly between the pieces."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.top(*args, **kwargs)
+        return self._forward(*args, **kwargs)
 
 
 def split_graph(
@@ -204,7 +210,8 @@ def split_graph(
     compile_piece: Callable[..., Any],
     report: diagnostics.CaptureReport,
 ) -> SplitGraph:
-    """Split ``graph_module`` at ``points``; ``compile_piece(module, fullgraph=...)`` compiles each other piece."""
+    """Split ``graph_module`` at ``points``; ``compile_piece(forward, fullgraph=...)`` compiles each other
+    piece's bound ``forward``."""
     _gather(graph_module.graph, points)
     graph_module.recompile()
     piece, eager = _partitions(graph_module.graph, points)
@@ -212,9 +219,10 @@ def split_graph(
     compiled = 0
     for name, module in list(top.named_children()):
         number = int(name.rsplit("_", 1)[1])
-        if number in eager:
-            continue
         delattr(top, name)  # a plain attribute: the top level's generated code calls self.<name>(...)
+        if number in eager:
+            object.__setattr__(top, name, module.forward)
+            continue
         object.__setattr__(top, name, _Piece(module, name, compile_piece, report))
         compiled += 1
     return SplitGraph(top, compiled, len(points))

@@ -182,6 +182,8 @@ SPLIT_CASES = {
     "two_tensor_no_reshard": FSDP2Run(steps=2, params="two_tensor", reshard_after_forward=False),
     "two_tensor_accumulate": FSDP2Run(steps=2, params="two_tensor", accumulate=2),
     "nf4_lora": FSDP2Run(steps=2, params="nf4_lora"),
+    "nf4_lora_no_reshard": FSDP2Run(steps=2, params="nf4_lora", reshard_after_forward=False),
+    "nf4_lora_accumulate": FSDP2Run(steps=2, params="nf4_lora", accumulate=2),
     # the realistic models of `bench --fsdp2`, smaller: 2 transformer blocks, one fully_shard each
     "block_two_tensor": FSDP2Run(steps=2, batch=2, block=TEST_BLOCKS, params="two_tensor"),
     "block_nf4_lora": FSDP2Run(steps=2, batch=2, block=TEST_BLOCKS, params="nf4_lora"),

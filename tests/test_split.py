@@ -7,6 +7,8 @@ themselves are split in tests/test_fsdp2.py (2 processes).
 from __future__ import annotations
 
 import operator
+import types
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -67,9 +69,12 @@ def test_split_graph_compiles_each_piece_whole_and_runs_the_hook_eagerly() -> No
         compiled_graphs.append(gm)
         return gm.forward
 
-    def compile_piece(piece: torch.fx.GraphModule, *, fullgraph: bool) -> object:
+    compiled_targets: list[object] = []
+
+    def compile_piece(forward: Callable[..., object], *, fullgraph: bool) -> object:
         fullgraph_flags.append(fullgraph)
-        return torch.compile(piece, backend=backend, fullgraph=fullgraph)
+        compiled_targets.append(forward)
+        return torch.compile(forward, backend=backend, fullgraph=fullgraph)
 
     report = diagnostics.CaptureReport(capture_index=0)
     args = _args()
@@ -85,6 +90,11 @@ def test_split_graph_compiles_each_piece_whole_and_runs_the_hook_eagerly() -> No
     assert fullgraph_flags == [True, True]
     assert len(compiled_graphs) == 2  # one Dynamo graph per piece, no recompiles, no resume pieces
     assert report.fallbacks == []
+    # no nn.Module call machinery on the run path: compiled pieces are compiled bound forwards,
+    # the eager piece is a bound forward, the top level holds no submodule
+    assert all(isinstance(target, types.MethodType) and target.__name__ == "forward" for target in compiled_targets)
+    assert all(isinstance(target.__self__, torch.fx.GraphModule) for target in compiled_targets)
+    assert list(split.top.children()) == []
 
 
 def _needs_graph_break(x: torch.Tensor) -> torch.Tensor:
@@ -102,9 +112,9 @@ def test_piece_that_needs_a_graph_break_is_recompiled_without_fullgraph_and_repo
     graph_module.recompile()
     flags: list[bool] = []
 
-    def compile_piece(piece: torch.fx.GraphModule, *, fullgraph: bool) -> object:
+    def compile_piece(forward: Callable[..., object], *, fullgraph: bool) -> object:
         flags.append(fullgraph)
-        return torch.compile(piece, backend="eager", fullgraph=fullgraph)
+        return torch.compile(forward, backend="eager", fullgraph=fullgraph)
 
     report = diagnostics.CaptureReport(capture_index=0)
     split = _split.split_graph(graph_module, _split.split_points(graph_module, _args()[3]), compile_piece, report)
