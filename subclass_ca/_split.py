@@ -168,6 +168,8 @@ class _Piece:
         self._compile_piece = compile_piece
         self._report = report
         self._compiled = compile_piece(module.forward, fullgraph=True)
+        self._set_aside: Any = None
+        """The compiled callable while :meth:`use_compiled` (False) runs the FX graph instead."""
         self._first = True
 
     def __call__(self, *args: Any) -> Any:
@@ -188,17 +190,33 @@ class _Piece:
         self._first = False
         return result
 
+    def use_compiled(self, compiled: bool) -> None:
+        """Run the compiled piece (the default) or its FX graph uncompiled: a measurement of what
+        the compile adds to a piece (``fsdp2-cost``); only after the first run, which compiles."""
+        if self._first:
+            raise RuntimeError(f"split piece {self._name}: use_compiled() before its first run, which compiles it")
+        if compiled and self._set_aside is not None:
+            self._compiled, self._set_aside = self._set_aside, None
+        elif not compiled and self._set_aside is None:
+            self._compiled, self._set_aside = self._module.forward, self._compiled
+
 
 class SplitGraph:
     """The CA graph split at its hook nodes: compiled pieces and eager hook calls, run in graph order."""
 
-    def __init__(self, top: torch.fx.GraphModule, pieces: int, hooks: int) -> None:
+    def __init__(self, top: torch.fx.GraphModule, pieces: Sequence[_Piece], hooks: int) -> None:
         self.top = top
         self._forward = top.forward
-        self.pieces = pieces
+        self._pieces = tuple(pieces)
+        self.pieces = len(self._pieces)
         """Compiled pieces (one Dynamo frame entry each per run)."""
         self.hooks = hooks
         """Split points run eagerly between the pieces."""
+
+    def use_compiled(self, compiled: bool) -> None:
+        """Every piece compiled (the default) or run as its FX graph: see :meth:`_Piece.use_compiled`."""
+        for piece in self._pieces:
+            piece.use_compiled(compiled)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward(*args, **kwargs)
@@ -216,13 +234,13 @@ def split_graph(
     graph_module.recompile()
     piece, eager = _partitions(graph_module.graph, points)
     top = split_module(graph_module, None, lambda node: piece[node], keep_original_order=True)
-    compiled = 0
+    pieces = []
     for name, module in list(top.named_children()):
         number = int(name.rsplit("_", 1)[1])
         delattr(top, name)  # a plain attribute: the top level's generated code calls self.<name>(...)
         if number in eager:
             object.__setattr__(top, name, module.forward)
             continue
-        object.__setattr__(top, name, _Piece(module, name, compile_piece, report))
-        compiled += 1
-    return SplitGraph(top, compiled, len(points))
+        pieces.append(_Piece(module, name, compile_piece, report))
+        object.__setattr__(top, name, pieces[-1])
+    return SplitGraph(top, pieces, len(points))

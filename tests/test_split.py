@@ -127,3 +127,34 @@ def test_piece_that_needs_a_graph_break_is_recompiled_without_fullgraph_and_repo
     (again,) = split(*_args())
     torch.testing.assert_close(again, expected, atol=0, rtol=0)
     assert len(report.fallbacks) == 1
+
+
+def test_pieces_can_run_uncompiled_for_measurement_and_back() -> None:
+    """``SplitGraph.use_compiled(False)`` runs each piece's FX graph (what ``fsdp2-cost`` measures), same result."""
+    graph_module = _ca_like_graph(_eager_hook)
+    compiled_calls: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        def run(*args: object) -> object:
+            compiled_calls.append(1)
+            return gm.forward(*args)
+
+        return run
+
+    def compile_piece(forward: Callable[..., object], *, fullgraph: bool) -> object:
+        return torch.compile(forward, backend=backend, fullgraph=fullgraph)
+
+    report = diagnostics.CaptureReport(capture_index=0)
+    split = _split.split_graph(graph_module, _split.split_points(graph_module, _args()[3]), compile_piece, report)
+    with pytest.raises(RuntimeError, match=r"split piece submod_\d+: use_compiled\(\) before its first run"):
+        split.use_compiled(False)
+    expected = _reference(_args())
+    torch.testing.assert_close(split(*_args())[0], expected, atol=0, rtol=0)
+    assert len(compiled_calls) == 2
+    split.use_compiled(False)
+    split.use_compiled(False)  # idempotent
+    torch.testing.assert_close(split(*_args())[0], expected, atol=0, rtol=0)
+    assert len(compiled_calls) == 2  # neither piece ran its compiled code
+    split.use_compiled(True)
+    torch.testing.assert_close(split(*_args())[0], expected, atol=0, rtol=0)
+    assert len(compiled_calls) == 4
