@@ -62,6 +62,8 @@ class FSDP2Cost:
     reps: int = 15
     block: int = 5
     """Backwards per timed sample."""
+    device: str = "cpu"
+    """``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per rank; the backward's time includes a synchronize)."""
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.models if m not in bench_fsdp2.MODELS]
@@ -74,6 +76,8 @@ class FSDP2Cost:
                 raise ValueError(f"FSDP2Cost.{name} must be a positive int, got {getattr(self, name)!r}")
         if not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"FSDP2Cost.warmup must be an int >= 0, got {self.warmup!r}")
+        if self.device not in parity.DEVICES:
+            raise ValueError(f"FSDP2Cost.device: got {self.device!r}, allowed values are {parity.DEVICES}")
 
 
 # --- one rank ------------------------------------------------------------------------
@@ -131,7 +135,7 @@ def _row(rank: int, settings: FSDP2Cost, model_name: str, backend: str) -> dict[
 
     from ..api import reset
 
-    run = dataclasses.replace(bench_fsdp2.MODELS[model_name], backend=backend)
+    run = dataclasses.replace(bench_fsdp2.MODELS[model_name], backend=backend, device=settings.device)
     reset()
     built = {name: _backward_step(name, run, rank) for name in ("eager", "compile", "subclass_ca")}
     splits: list[_split.SplitGraph] = []
@@ -230,12 +234,13 @@ def _summarize_row(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def measure(world_size: int = 1, *, settings: FSDP2Cost | None = None, timeout_s: float = 900.0) -> dict[str, Any]:
-    """Launch ``world_size`` ranks (gloo, 127.0.0.1, one thread each), time every row, check it, summarise (JSON-able)."""
+    """Launch ``world_size`` ranks (gloo on 127.0.0.1, or NCCL with ``settings.device="cuda"``; one thread
+    each), time every row, check it, summarise (JSON-able)."""
     from .launcher import run_workers
 
     settings = settings or FSDP2Cost()
     start = time.perf_counter()
-    per_rank = run_workers(_rank_main, world_size, timeout_s=timeout_s, args=(settings,))
+    per_rank = run_workers(_rank_main, world_size, timeout_s=timeout_s, args=(settings,), device=settings.device)
     rows = [_summarize_row([r["rows"][index] for r in per_rank]) for index in range(len(per_rank[0]["rows"]))]
     ok = all(m["correct"] for r in rows if "modes" in r for m in r["modes"].values()) and not any("error" in r for r in rows)
     return {"world_size": world_size, "settings": dataclasses.asdict(settings), "torch": torch.__version__,
@@ -283,7 +288,8 @@ def markdown_section(result: dict[str, Any], command: str = COMMAND) -> str:
     return "\n".join([
         "", f"## FSDP2 backward cost, {result['world_size']} process(es): compiled autograd vs compiling its pieces", "",
         f"Backward only (`loss.backward()`), one fixed batch, no optimizer step; {s['reps']} interleaved rounds of "
-        f"{s['block']} backwards per mode after {s['warmup']} warm-up rounds, rank 0's clock; ratios within each round. "
+        f"{s['block']} backwards per mode after {s['warmup']} warm-up rounds, rank 0's clock; ratios within each round; "
+        f"device {s['device']}. "
         "`ca_uncompiled` = the subclass_ca model and CA graph with every split piece run as its FX graph, uncompiled "
         f"(Note [The cost of a split FSDP2 backward] in `subclass_ca/_tools/fsdp2_cost.py`). torch {result['torch']}.",
         "", *_table(result), "", *[f"* {line}" for line in _derived(result)], "",
@@ -299,13 +305,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=FSDP2Cost.reps, help="interleaved rounds")
     parser.add_argument("--block", type=int, default=FSDP2Cost.block, help="backwards per sample")
     parser.add_argument("--warmup", type=int, default=FSDP2Cost.warmup, help="warm-up rounds")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="gloo on CPU or NCCL on CUDA (one GPU per rank)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the ranks are terminated")
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write the markdown section")
     args = parser.parse_args(argv)
     try:
         settings = FSDP2Cost(models=tuple(args.models), backends=tuple(args.backends), reps=args.reps,
-                             block=args.block, warmup=args.warmup)
+                             block=args.block, warmup=args.warmup, device=args.device)
     except ValueError as error:
         parser.error(str(error))
     result = measure(args.nproc, settings=settings, timeout_s=args.timeout)

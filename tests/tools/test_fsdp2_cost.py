@@ -77,6 +77,7 @@ def test_quartiles_of_the_derived_figures_match_statistics() -> None:
         ({"backends": ()}, "must not be empty"),
         ({"reps": 0}, "FSDP2Cost.reps must be a positive int"),
         ({"warmup": -1}, "FSDP2Cost.warmup must be an int >= 0"),
+        ({"device": "tpu"}, "FSDP2Cost.device: got 'tpu'"),
     ],
 )
 def test_settings_are_validated(kwargs, message) -> None:
