@@ -41,8 +41,10 @@ from torch import nn
 
 from .. import _compat
 from . import fsdp2_parity as parity
+from .bench_stats import quartiles
 
-__all__ = ["FSDP2Bench", "MODES", "MODELS", "TARGETS", "bench", "markdown_section", "format_summary"]
+__all__ = ["FSDP2Bench", "MODES", "MODELS", "TARGETS", "TOLERANCE", "bench", "markdown_section", "format_summary",
+           "local_shards", "compare_shards", "unavailable"]
 
 MODES: tuple[str, ...] = ("eager", "compile", "subclass_ca", "graph_breaks")
 #: the backward context of each CA mode: ``enable(backend=..., **kwargs)``
@@ -113,7 +115,7 @@ class _Mode:
     params_last: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
-def _local_plain(tensors: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
+def local_shards(tensors: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
     """This rank's shards as plain tensors (a wrapper subclass as its inner tensors)."""
     out = {}
     for name, t in tensors.items():
@@ -161,7 +163,7 @@ def _timed(mode: _Mode, steps: int, device: str) -> float:
     return (time.perf_counter() - start) * 1e3 / steps
 
 
-def _compare(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], tol: float) -> tuple[list[str], float]:
+def compare_shards(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], tol: float) -> tuple[list[str], float]:
     problems, max_diff = [], 0.0
     if got.keys() != want.keys():
         problems.append(f"parameters with a gradient differ: {sorted(got.keys() ^ want.keys())}")
@@ -189,7 +191,7 @@ def _row(rank: int, settings: FSDP2Bench, model_name: str, backend: str) -> dict
     report = None
     for mode in modes:
         mode.cold_ms = _timed(mode, 1, settings.device)
-        mode.grads_first = _local_plain({n: p.grad for n, p in mode.model.named_parameters() if p.requires_grad})
+        mode.grads_first = local_shards({n: p.grad for n, p in mode.model.named_parameters() if p.requires_grad})
         if mode.name == "subclass_ca":
             report = last_report()
     for _ in range(settings.warmup):
@@ -204,9 +206,9 @@ def _row(rank: int, settings: FSDP2Bench, model_name: str, backend: str) -> dict
     out: dict[str, Any] = {"model": model_name, "backend": backend, "label": run.label,
                            "split_pieces": getattr(report, "split_pieces", None), "modes": {}}
     for mode in modes:
-        mode.params_last = _local_plain({n: p for n, p in mode.model.named_parameters() if p.requires_grad})
-        grad_problems, grad_diff = _compare(mode.grads_first, eager.grads_first, tol)
-        param_problems, param_diff = _compare(mode.params_last, eager.params_last, tol)
+        mode.params_last = local_shards({n: p for n, p in mode.model.named_parameters() if p.requires_grad})
+        grad_problems, grad_diff = compare_shards(mode.grads_first, eager.grads_first, tol)
+        param_problems, param_diff = compare_shards(mode.params_last, eager.params_last, tol)
         ratios = [s / e for s, e in zip(mode.samples, eager.samples)]
         out["modes"][mode.name] = {
             "cold_ms": mode.cold_ms,
@@ -224,7 +226,7 @@ def _rank_main(rank: int, world_size: int, settings: FSDP2Bench) -> dict[str, An
     rows = []
     with _compat.uncached_compiles():
         for model_name, backend, index in settings.rows():
-            skip = _unavailable(model_name)
+            skip = unavailable(model_name)
             if skip:
                 rows.append({"model": model_name, "backend": backend, "run": index, "skipped": skip})
                 continue
@@ -238,7 +240,7 @@ def _rank_main(rank: int, world_size: int, settings: FSDP2Bench) -> dict[str, An
     return {"rank": rank, "rows": rows, "wall_s": time.perf_counter() - start}
 
 
-def _unavailable(model_name: str) -> str | None:
+def unavailable(model_name: str) -> str | None:
     if MODELS[model_name].params == "nf4_lora":
         from .bench_models import unavailable
 
@@ -249,13 +251,6 @@ def _unavailable(model_name: str) -> str | None:
 # --- the launch and its summary ----------------------------------------------------
 
 
-def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
-    if len(values) < 2:
-        return (values[0],) * 3 if values else (float("nan"),) * 3
-    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, median, q3
-
-
 def _summarize_row(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One row from every rank's copy of it: rank 0's timings, every rank's correctness."""
     first = per_rank[0]
@@ -264,8 +259,8 @@ def _summarize_row(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     row = {k: first[k] for k in ("model", "backend", "label", "run", "split_pieces")}
     row["modes"] = {}
     for name, entry in first["modes"].items():
-        q1, median, q3 = _quartiles(entry["samples_ms"])
-        r1, ratio, r3 = _quartiles(entry["ratios"])
+        q1, median, q3 = quartiles(entry["samples_ms"])
+        r1, ratio, r3 = quartiles(entry["ratios"])
         ranks = [r["modes"][name] for r in per_rank]
         row["modes"][name] = {
             "median_ms": median, "iqr_ms": (q1, q3), "ratio": ratio, "ratio_iqr": (r1, r3),

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["stats", "rss_bytes", "targets_table"]
+__all__ = ["stats", "quartiles", "rss_bytes", "targets_table"]
 
 
 def stats(samples: Sequence[float]) -> dict[str, float]:
@@ -19,6 +19,14 @@ def stats(samples: Sequence[float]) -> dict[str, float]:
     else:
         q1 = q3 = ordered[0]
     return {"median": statistics.median(ordered), "q1": q1, "q3": q3, "min": ordered[0], "max": ordered[-1]}
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """(q1, median, q3) of ``values``, inclusive method; one value is its own quartiles, none gives NaNs."""
+    if len(values) < 2:
+        return (values[0],) * 3 if values else (float("nan"),) * 3
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
 
 
 def rss_bytes() -> int:

@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -45,6 +44,7 @@ import torch
 
 from .. import _compat, _split
 from . import bench_fsdp2, fsdp2_parity as parity
+from .bench_stats import quartiles
 
 __all__ = ["MODES", "FSDP2Cost", "measure", "format_summary", "markdown_section", "main"]
 
@@ -127,7 +127,7 @@ def _backward_step(name: str, run: parity.FSDP2Run, rank: int) -> tuple[torch.nn
 
 
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return bench_fsdp2._local_plain({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    return bench_fsdp2.local_shards({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
 
 
 def _row(rank: int, settings: FSDP2Cost, model_name: str, backend: str) -> dict[str, Any]:
@@ -168,10 +168,10 @@ def _row(rank: int, settings: FSDP2Cost, model_name: str, backend: str) -> dict[
         if name == "subclass_ca":
             split.use_compiled(False)
             step()
-            checks["ca_uncompiled"] = bench_fsdp2._compare(_grads(model), eager_grads, tolerance)
+            checks["ca_uncompiled"] = bench_fsdp2.compare_shards(_grads(model), eager_grads, tolerance)
             split.use_compiled(True)
             step()
-        checks[name] = bench_fsdp2._compare(_grads(model), eager_grads, tolerance)
+        checks[name] = bench_fsdp2.compare_shards(_grads(model), eager_grads, tolerance)
     return {
         "model": model_name, "backend": backend, "pieces": split.pieces, "hooks": split.hooks,
         "modes": {
@@ -191,7 +191,7 @@ def _rank_main(rank: int, world_size: int, settings: FSDP2Cost) -> dict[str, Any
     with _compat.uncached_compiles():
         for model_name in settings.models:
             for backend in settings.backends:
-                skip = bench_fsdp2._unavailable(model_name)
+                skip = bench_fsdp2.unavailable(model_name)
                 if skip is None and world_size == 1 and bench_fsdp2.MODELS[model_name].params == "nf4_lora":
                     skip = "NF4 cannot be sharded on a world of 1 (torchao's fsdp_post_all_gather); use --nproc 2"
                 if skip:
@@ -216,8 +216,8 @@ def _summarize_row(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     row = {k: first[k] for k in ("model", "backend", "pieces", "hooks")}
     row["modes"] = {}
     for name, entry in first["modes"].items():
-        q1, median, q3 = bench_fsdp2._quartiles(entry["samples_ms"])
-        r1, ratio, r3 = bench_fsdp2._quartiles(entry["ratios"])
+        q1, median, q3 = quartiles(entry["samples_ms"])
+        r1, ratio, r3 = quartiles(entry["ratios"])
         problems = [p for rank in per_rank for p in rank["modes"][name]["problems"]]
         row["modes"][name] = {"median_ms": median, "iqr_ms": (q1, q3), "ratio": ratio, "ratio_iqr": (r1, r3),
                               "correct": not problems, "problems": problems[:4],
@@ -228,7 +228,7 @@ def _summarize_row(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
                            zip(first["modes"]["subclass_ca"]["samples_ms"], first["modes"]["ca_uncompiled"]["samples_ms"])],
     }
     for key, values in diffs.items():
-        q1, median, q3 = bench_fsdp2._quartiles(values)
+        q1, median, q3 = quartiles(values)
         row[key] = {"median": median, "iqr": (q1, q3)}
     return row
 
