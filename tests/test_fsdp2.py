@@ -371,6 +371,19 @@ def test_summary_marks_subclass_ca_correct_and_stock_ca_wrong(default_runs: dict
     assert f"{modes['subclass_ca']['ratio_vs_eager']:.2f}" in section
 
 
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_cli_writes_the_markdown_section_with_its_command(default_runs: dict, monkeypatch, tmp_path, capsys) -> None:
+    summary = fsdp2.summarize(default_runs["by_mode"], default_runs["run"], 2)
+    monkeypatch.setattr(fsdp2, "run_from_args", lambda args, backend=None: dict(summary))
+    path = tmp_path / "fsdp2.md"
+    assert fsdp2.main(["--markdown", str(path)]) == 0
+    text = path.read_text()
+    assert "## FSDP2" in text and "| subclass_ca |" in text
+    assert f"Command: `python -m subclass_ca fsdp2 --markdown {path}`" in text
+    assert "subclass_ca" in capsys.readouterr().out
+
+
 def test_cli_rejects_unknown_mode_before_launching(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         fsdp2.main(["--fsdp2-modes", "eager,bogus"])

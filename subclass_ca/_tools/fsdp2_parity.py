@@ -564,7 +564,7 @@ def run_and_summarize(
 
 
 def markdown_section(summary: dict[str, Any]) -> str:
-    """RESULTS.md section for :func:`bench`'s summary."""
+    """A markdown section for :func:`run_and_summarize`'s summary (``python -m subclass_ca fsdp2 --markdown``)."""
     run = summary["run"]
     lines = [
         "",
@@ -653,18 +653,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backend", default="aot_eager")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are terminated")
     parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the summary as a markdown section")
     add_arguments(parser)
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    args = parser.parse_args(argv)
     try:
         summary = run_from_args(args, backend=args.backend)
     except ValueError as error:
         parser.error(str(error))
+    summary.setdefault("command", " ".join(["python -m subclass_ca fsdp2", *argv]))
     print(format_summary(summary))
     if args.json:
         import json
 
         with open(args.json, "w") as handle:
             json.dump(summary, handle, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as handle:
+            handle.write(markdown_section(summary))
     return 0 if summary["ok"] else 1
 
 
