@@ -149,7 +149,9 @@ def accumulate_dummy_swap() -> _compat.Swap:
 # bf16 parameters receive float32 gradients through it, and casting those would change values).
 # The cast is decided at capture (FSDP2 sets the same ``grad_dtype`` every iteration): after
 # changing a parameter's ``grad_dtype`` by hand, call ``subclass_ca.reset()`` so the next backward
-# recaptures.
+# recaptures.  Accumulating over micro-batches then leaves a bf16 parameter holding a float32
+# ``.grad``, which torch cannot fakeify for the next capture: a torch-side workaround converts it
+# (Note [A .grad of another dtype than its leaf] in ``_compat/workarounds.py``).
 
 
 def accumulation_dtype(variable: torch.Tensor, grad: Any) -> torch.dtype | None:

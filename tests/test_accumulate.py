@@ -47,3 +47,70 @@ def test_stock_compiled_autograd_refuses_the_bf16_grad() -> None:
     with pytest.raises(RuntimeError, match="grad_dtype"):
         with _compat.enable_compiled_autograd(_compat.stock_ca_compiler("aot_eager")):
             loss.backward()
+
+
+def _accumulate(weight: torch.nn.Parameter, batches: list[torch.Tensor], context) -> None:
+    forward = torch.compile(lambda x: (x @ weight).square().sum(), backend="aot_eager")
+    for x in batches:
+        with context():
+            forward(x).backward()
+
+
+def test_bf16_param_accumulating_fp32_grads_over_micro_batches_is_bitwise_eager() -> None:
+    """From the second micro-batch on the bf16 leaf holds a float32 .grad, which torch cannot fakeify
+    (Note [A .grad of another dtype than its leaf] in _compat/workarounds.py): one more capture, then steady."""
+    from torch._dynamo.utils import counters
+
+    weight, _ = _bf16_param_with_fp32_grads()
+    start = weight.detach().clone()
+    batches = [torch.randn(3, 4, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    for x in batches:
+        (x @ weight).square().sum().backward()
+    want = weight.grad
+    ours = torch.nn.Parameter(start.clone())
+    ours.grad_dtype = torch.float32
+    captures = counters["compiled_autograd"]["captures"]
+    _accumulate(ours, batches, subclass_ca.enable)
+    assert ours.grad.dtype == torch.float32 and ours.grad_dtype == torch.float32
+    torch.testing.assert_close(ours.grad, want, atol=0, rtol=0)
+    assert counters["compiled_autograd"]["captures"] - captures == 2  # no .grad yet, then a float32 .grad
+
+
+def test_stock_compiled_autograd_cannot_fakeify_the_accumulated_fp32_grad() -> None:
+    """What the workaround fixes, with the message that points away from the cause; if this starts
+    passing, torch fakeifies such a leaf itself (its probe then says so and nothing is patched)."""
+    from subclass_ca._compat.workarounds import GRAD_DTYPE_FAKEIFY
+
+    weight, x = _bf16_param_with_fp32_grads()
+    weight.grad = torch.zeros(4, 4, dtype=torch.float32)  # an earlier micro-batch's gradient
+    forward = torch.compile(lambda x: (x @ weight).sum(), backend="aot_eager")
+    loss = forward(x)
+    assert GRAD_DTYPE_FAKEIFY.needed
+    with pytest.raises(Exception, match=GRAD_DTYPE_FAKEIFY.stock_error):
+        with _compat.enable_compiled_autograd(_compat.stock_ca_compiler("aot_eager")):
+            loss.backward()
+
+
+def test_grad_dtype_workaround_acts_only_while_compiled_autograd_fakeifies() -> None:
+    """Note [Workaround scopes]: inside an enable() block but outside a capture or a CA graph run, torch's own conversion."""
+    from torch._subclasses.fake_tensor import FakeTensorConverter, FakeTensorMode
+
+    from subclass_ca._compat.workarounds import GRAD_DTYPE_FAKEIFY, SCOPES
+
+    GRAD_DTYPE_FAKEIFY.patches.install()
+    gate = FakeTensorConverter.__dict__["from_real_tensor"]
+    assert gate.__subclass_ca_gate__ is SCOPES["ca-capture-and-graph-run"]
+    weight, _ = _bf16_param_with_fp32_grads()
+    weight.grad = torch.ones(4, 4, dtype=torch.float32)
+    with subclass_ca.enable():
+        with pytest.raises(RuntimeError, match="grad_dtype"):
+            FakeTensorMode().from_tensor(weight)
+        for scope in (_compat.CA_CAPTURE, _compat.CA_GRAPH_RUN):
+            scope.enter()
+            try:
+                fake = FakeTensorMode().from_tensor(weight)
+            finally:
+                scope.exit()
+            assert fake.dtype == torch.bfloat16 and fake.grad_dtype == torch.float32
+            assert fake.grad.dtype == torch.float32 and fake.grad.shape == weight.shape
+            assert weight.grad.dtype == torch.float32 and torch.equal(weight.grad, torch.ones(4, 4))  # the real one is back

@@ -19,13 +19,20 @@ import torch
 from ..errors import UnsupportedTorchError
 from . import aot_autograd, compiled_autograd, dynamo, engine, fsdp, workarounds
 from ._lookup import lookup
-from ._patch import BLOCKS, CA_GRAPH_RUN, AttributeSwap, CallSwap, PatchSet, Scope, Swap, gated, uninstall_resident
+from ._patch import BLOCKS, CA_CAPTURE, CA_GRAPH_RUN, AnyScope, AttributeSwap, CallSwap, PatchSet, Scope, Swap, gated, uninstall_resident
 from .aot_autograd import *  # noqa: F403
 from .compiled_autograd import *  # noqa: F403
 from .dynamo import *  # noqa: F403
 from .engine import *  # noqa: F403
 from .fsdp import *  # noqa: F403
-from .workarounds import WORKAROUNDS, Workaround, ca_graph_run_patches, compiled_step_on_subclass_grads_is_wrong, needed_workarounds
+from .workarounds import (
+    WORKAROUNDS,
+    Workaround,
+    ca_capture_patches,
+    ca_graph_run_patches,
+    compiled_step_on_subclass_grads_is_wrong,
+    needed_workarounds,
+)
 
 TORCH_VERSION: str = str(torch.__version__)
 #: The torch releases the suite runs against (one CI lane each).
@@ -88,7 +95,14 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
         "torch._subclasses.meta_utils:MetaConverter.meta_tensor",
         "the torch 2.14/2.15 static-context workaround is not applied",
     ),
-    "Dynamo attribute source": ("torch._dynamo.source:AttrSource", "the torch 2.14/2.15 static-context workaround is not applied"),
+    "Dynamo attribute source": (
+        "torch._dynamo.source:AttrSource",
+        "the torch 2.14/2.15 static-context and the .grad-dtype fakeification workarounds are not applied",
+    ),
+    "fake-tensor conversion": (
+        "torch._subclasses.fake_tensor:FakeTensorConverter.from_real_tensor",
+        "the .grad-dtype fakeification workaround is not applied (a leaf whose .grad has another dtype fails at capture)",
+    ),
     "AOT plain tensor metadata": (
         "torch._functorch._aot_autograd.schemas:PlainTensorMeta",
         "the torch 2.14/2.15 static-context workaround is not applied",
@@ -223,6 +237,7 @@ def _raw_torch_state() -> dict[str, Any]:
         "autograd_function_ca_key": lookup(compiled_autograd.AUTOGRAD_FUNCTION_CTX).__dict__["_compiled_autograd_key"],
         "trace_wrapped": {m: lookup(m + ":trace_wrapped") for m in dynamo.TRACE_WRAPPED_USERS},
         "grad_context_compatible": getattr(lookup("torch._subclasses:meta_utils"), "_grad_context_compatible", None),
+        "fake_from_real_tensor": lookup("torch._subclasses.fake_tensor:FakeTensorConverter").__dict__.get("from_real_tensor"),
         "execution_engine": engine.execution_engine(),
         "verbose_logger": compiled_autograd.ca_verbose_log(),
         "grad_enabled": torch.is_grad_enabled(),

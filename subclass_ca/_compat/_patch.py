@@ -19,7 +19,8 @@ workarounds around every run of a compiled CA graph) cost more than stock compil
 autograd's whole enter+exit.  So those patch sets are *resident*: installed by the first
 block (or run) of the process and left in place, and every replacement is *gated* by a
 :class:`Scope`, a process-wide counter of the places it is meant to act (``BLOCKS``: an
-``enable()`` block is open; ``CA_GRAPH_RUN``: one of our compiled CA graphs runs).  Outside
+``enable()`` block is open; ``CA_GRAPH_RUN``: one of our compiled CA graphs runs; ``CA_CAPTURE``:
+compiled autograd lifts a backward's inputs inside a block; an :class:`AnyScope` of several).  Outside
 its scope a gated replacement calls torch's original with the same arguments and returns
 its result, so torch behaves as stock (the parity suite's stock arm runs with the patches
 resident).  Entering a scope is one counter increment.  ``uninstall_resident()`` (what
@@ -37,7 +38,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Swap", "AttributeSwap", "CallSwap", "PatchSet", "Scope", "gated", "BLOCKS", "CA_GRAPH_RUN", "uninstall_resident"]
+__all__ = [
+    "Swap", "AttributeSwap", "CallSwap", "PatchSet", "Scope", "AnyScope", "gated",
+    "BLOCKS", "CA_GRAPH_RUN", "CA_CAPTURE", "uninstall_resident",
+]
 
 
 class Scope:
@@ -64,11 +68,29 @@ class Scope:
         return f"Scope({self.name!r}, depth={self.depth})"
 
 
+class AnyScope:
+    """Inside any of several scopes: a gate for a replacement that acts in more than one place."""
+
+    __slots__ = ("name", "scopes")
+
+    def __init__(self, *scopes: Scope) -> None:
+        self.scopes = scopes
+        self.name = " or ".join(scope.name for scope in scopes)
+
+    @property
+    def depth(self) -> int:
+        return sum(scope.depth for scope in self.scopes)
+
+    def __repr__(self) -> str:
+        return f"AnyScope({', '.join(map(repr, self.scopes))})"
+
+
 BLOCKS = Scope("an enable() block is open")
 CA_GRAPH_RUN = Scope("a subclass_ca compiled CA graph runs")
+CA_CAPTURE = Scope("compiled autograd lifts a backward's inputs to fake tensors inside a block (begin_capture)")
 
 
-def gated(scope: Scope, original: Callable[..., Any], replacement: Callable[..., Any]) -> Callable[..., Any]:
+def gated(scope: Scope | AnyScope, original: Callable[..., Any], replacement: Callable[..., Any]) -> Callable[..., Any]:
     """``replacement`` inside ``scope``, torch's ``original`` (same arguments) outside it."""
 
     @functools.wraps(original)

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from ._lookup import lookup
-from ._patch import BLOCKS, AttributeSwap, CallSwap, gated
+from ._patch import BLOCKS, CA_CAPTURE, AttributeSwap, CallSwap, gated
 from .dynamo import dynamo_disable
+from .workarounds import ca_capture_patches
 
 __all__ = [
     "CA_MODULE",
@@ -236,7 +237,14 @@ def capture_watch_swaps(on_abandoned: Callable[[], None]) -> list[AttributeSwap]
                             on_abandoned()
 
                 self.close = close_and_report
-            return original(self, *args, **kwargs)
+            # the capture lifts every input to a fake tensor here: the workarounds for that act now
+            for patches in ca_capture_patches():  # Note [Workaround scopes]
+                patches.install()
+            CA_CAPTURE.enter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                CA_CAPTURE.exit()
 
         return _untraced(gated(BLOCKS, original, begin_capture))
 

@@ -11,6 +11,9 @@ torch's original everywhere else (Note [Resident patches] in ``_patch.py``):
 * ``"ca-graph-run"`` (the ``CA_GRAPH_RUN`` scope): while one of subclass_ca's compiled CA
   graphs runs (Dynamo compiles and fakeifies the CA graph's inputs on its first call;
   nothing else compiles there).
+* ``"ca-capture-and-graph-run"``: the above, and while compiled autograd lifts a backward's
+  inputs to fake tensors inside a block (``CA_CAPTURE``: torch's ``begin_capture``), for a
+  fakeification bug that both the capture and the CA graph's compile meet.
 
 A workaround is installed at all only where its ``probe`` says this torch needs it.
 """
@@ -24,8 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ._lookup import lookup
-from ._patch import CA_GRAPH_RUN, AttributeSwap, PatchSet, Scope, gated
+from ._patch import CA_CAPTURE, CA_GRAPH_RUN, AnyScope, AttributeSwap, PatchSet, Scope, gated
+from .dynamo import outside_tracing
 
 __all__ = [
     "Workaround",
@@ -34,10 +40,19 @@ __all__ = [
     "GRAD_STATIC_CONTEXT",
     "needed_workarounds",
     "ca_graph_run_patches",
+    "ca_capture_patches",
     "compiled_step_on_subclass_grads_is_wrong",
 ]
 
-SCOPES: dict[str, Scope] = {"ca-graph-run": CA_GRAPH_RUN}
+SCOPES: dict[str, Scope | AnyScope] = {
+    "ca-graph-run": CA_GRAPH_RUN,
+    "ca-capture-and-graph-run": AnyScope(CA_CAPTURE, CA_GRAPH_RUN),
+}
+
+
+def _acts_in(scope_name: str, scope: Scope) -> bool:
+    gate = SCOPES[scope_name]
+    return gate is scope or scope in getattr(gate, "scopes", ())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,7 +254,117 @@ GRAD_STATIC_CONTEXT = Workaround(
     ),
 )
 
-WORKAROUNDS: tuple[Workaround, ...] = (GRAD_CONTEXT, GRAD_STATIC_CONTEXT)
+# Note [A .grad of another dtype than its leaf]
+# ---------------------------------------------
+# A leaf may hold a ``.grad`` of another dtype than its own once its ``grad_dtype`` says so: a
+# bf16 parameter with ``grad_dtype = torch.float32`` accumulates float32 gradients (what FSDP2's
+# ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)`` sets up from torch 2.15; Note [Gradient
+# dtype at accumulation] in ``_accumulate.py``).  Fakeifying such a leaf fails in torch:
+# ``MetaConverter.meta_tensor`` assigns the fake ``.grad`` while the fake leaf still has the
+# default ``grad_dtype`` (its own dtype), and ``FakeTensorConverter.from_real_tensor`` copies
+# ``grad_dtype`` over only afterwards (pytorch/pytorch#180403).  So the *second* backward of a
+# gradient accumulation (the first that finds a ``.grad``) fails at compiled autograd's capture
+# with "attempting to assign a gradient with dtype 'float' to a tensor with grad_dtype
+# 'BFloat16'" -- which compiled autograd re-raises as "Found tensor of type Parameter, which is
+# not supported by FakeTensorMode" -- and the CA graph's Dynamo compile would fail the same way.
+# The workaround converts such a leaf with its ``.grad`` set aside (the real leaf's ``.grad`` is
+# the same object again before anything else runs), gives the fake leaf the real one's
+# ``grad_dtype`` where torch did not, then converts the ``.grad`` with the source torch would give
+# it (``<leaf>.grad``) and assigns it: the fake leaf torch would have built, in the other order.
+
+
+def _leaf_grad_of_other_dtype(tensor: Any) -> Any:
+    """The ``.grad`` of a leaf that fakeification cannot assign (Note [A .grad of another dtype than its leaf]), or None."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_leaf:
+        return None
+    grad = tensor.grad
+    if grad is None or grad.dtype == tensor.dtype:
+        return None
+    return grad
+
+
+def _patched_from_real_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
+    attr_source = lookup("torch._dynamo.source:AttrSource")
+
+    def from_real_tensor(self: Any, fake_mode: Any, t: Any, *args: Any, **kwargs: Any) -> Any:
+        grad = _leaf_grad_of_other_dtype(t)
+        if grad is None:
+            return original(self, fake_mode, t, *args, **kwargs)
+        t.grad = None
+        try:
+            fake = original(self, fake_mode, t, *args, **kwargs)
+        finally:
+            t.grad = grad
+        if fake.grad is None:
+            if fake.grad_dtype != t.grad_dtype:
+                fake.grad_dtype = t.grad_dtype
+            source = kwargs.get("source")
+            grad_kwargs = {**kwargs, "source": attr_source(source, "grad") if source is not None else None}
+            grad_kwargs.pop("symbolic_context", None)  # the .grad's own, as torch builds where the leaf's does not fit
+            fake.grad = original(self, fake_mode, grad, *args, **grad_kwargs)
+        return fake
+
+    return gated(SCOPES["ca-capture-and-graph-run"], original, from_real_tensor)
+
+
+def _grad_dtype_fakeify_bug() -> bool:
+    """Cached :func:`_probe_grad_dtype_fakeify_bug`, per identity of torch's function."""
+    try:
+        converter = lookup("torch._subclasses.fake_tensor:FakeTensorConverter")
+        lookup("torch._dynamo.source:AttrSource")
+    except (ImportError, AttributeError):
+        return False
+    convert = converter.__dict__.get("from_real_tensor")
+    convert = getattr(convert, "__subclass_ca_original__", convert)
+    cached = _probe_results.get(id(convert))
+    if cached is None or cached[0] is not convert:
+        cached = _probe_results[id(convert)] = (convert, _probe_grad_dtype_fakeify_bug(convert))
+    return cached[1]
+
+
+def _probe_grad_dtype_fakeify_bug(convert: Callable[..., Any]) -> bool:
+    """True where torch's ``from_real_tensor`` fails on a bf16 leaf holding a float32 ``.grad`` (``grad_dtype``)."""
+    if not hasattr(torch.Tensor, "grad_dtype"):
+        return False
+    try:
+        fake_tensor = importlib.import_module("torch._subclasses.fake_tensor")
+        leaf = torch.zeros(2, dtype=torch.bfloat16, requires_grad=True)
+        leaf.grad_dtype = torch.float32
+        leaf.grad = torch.zeros(2, dtype=torch.float32)
+        mode = fake_tensor.FakeTensorMode()
+    except Exception:  # noqa: BLE001 - no grad_dtype rule to meet: nothing to fix
+        return False
+    try:
+        with outside_tracing():  # probed on a capture's first call, before its modes are entered
+            convert(mode.fake_tensor_converter, mode, leaf)
+    except RuntimeError as error:
+        return "grad_dtype" in str(error)
+    except Exception:  # noqa: BLE001 - a different implementation: leave it alone
+        return False
+    return False
+
+
+GRAD_DTYPE_FAKEIFY = Workaround(
+    name="fake_tensor.FakeTensorConverter.from_real_tensor",
+    fixes=(
+        "a leaf holding a .grad of another dtype (grad_dtype: a bf16 parameter accumulating float32 gradients, "
+        "FSDP2 bf16 mixed precision with gradient accumulation) cannot be fakeified: the second backward's capture "
+        "fails with 'attempting to assign a gradient with dtype 'float' to a tensor with grad_dtype 'BFloat16'' "
+        "(re-raised as 'Found tensor of type Parameter, which is not supported by FakeTensorMode')"
+    ),
+    upstream="none filed yet (pytorch/pytorch#180403 copies grad_dtype only after the fake .grad is assigned)",
+    scope="ca-capture-and-graph-run",
+    probe=_grad_dtype_fakeify_bug,
+    stock_error="not supported by FakeTensorMode|grad_dtype",
+    patches=PatchSet(
+        "grad-dtype fakeification workaround",
+        lambda: [AttributeSwap(lambda: lookup("torch._subclasses.fake_tensor:FakeTensorConverter"), "from_real_tensor",
+                               _patched_from_real_tensor)],
+        resident=True,
+    ),
+)
+
+WORKAROUNDS: tuple[Workaround, ...] = (GRAD_CONTEXT, GRAD_STATIC_CONTEXT, GRAD_DTYPE_FAKEIFY)
 """Every torch-side workaround subclass_ca knows (installed only where its probe says so)."""
 
 
@@ -249,5 +374,10 @@ def needed_workarounds() -> list[Workaround]:
 
 
 def ca_graph_run_patches() -> list[PatchSet]:
-    """Resident patch sets acting while a compiled CA graph runs (scope ``"ca-graph-run"``): install them before."""
-    return [w.patches for w in WORKAROUNDS if w.scope == "ca-graph-run" and w.needed]
+    """Resident patch sets acting while a compiled CA graph runs: install them before its first run."""
+    return [w.patches for w in WORKAROUNDS if _acts_in(w.scope, CA_GRAPH_RUN) and w.needed]
+
+
+def ca_capture_patches() -> list[PatchSet]:
+    """Resident patch sets acting while compiled autograd lifts a backward's inputs: install them before."""
+    return [w.patches for w in WORKAROUNDS if _acts_in(w.scope, CA_CAPTURE) and w.needed]
