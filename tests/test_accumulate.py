@@ -49,13 +49,6 @@ def test_stock_compiled_autograd_refuses_the_bf16_grad() -> None:
             loss.backward()
 
 
-def _accumulate(weight: torch.nn.Parameter, batches: list[torch.Tensor], context) -> None:
-    forward = torch.compile(lambda x: (x @ weight).square().sum(), backend="aot_eager")
-    for x in batches:
-        with context():
-            forward(x).backward()
-
-
 def test_bf16_param_accumulating_fp32_grads_over_micro_batches_is_bitwise_eager() -> None:
     """From the second micro-batch on the bf16 leaf holds a float32 .grad, which torch cannot fakeify
     (Note [A .grad of another dtype than its leaf] in _compat/workarounds.py): one more capture, then steady."""
@@ -69,8 +62,11 @@ def test_bf16_param_accumulating_fp32_grads_over_micro_batches_is_bitwise_eager(
     want = weight.grad
     ours = torch.nn.Parameter(start.clone())
     ours.grad_dtype = torch.float32
+    forward = torch.compile(lambda x: (x @ ours).square().sum(), backend="aot_eager")
     captures = counters["compiled_autograd"]["captures"]
-    _accumulate(ours, batches, subclass_ca.enable)
+    for x in batches:
+        with subclass_ca.enable():
+            forward(x).backward()
     assert ours.grad.dtype == torch.float32 and ours.grad_dtype == torch.float32
     torch.testing.assert_close(ours.grad, want, atol=0, rtol=0)
     assert counters["compiled_autograd"]["captures"] - captures == 2  # no .grad yet, then a float32 .grad
@@ -114,3 +110,25 @@ def test_grad_dtype_workaround_acts_only_while_compiled_autograd_fakeifies() -> 
             assert fake.dtype == torch.bfloat16 and fake.grad_dtype == torch.float32
             assert fake.grad.dtype == torch.float32 and fake.grad.shape == weight.shape
             assert weight.grad.dtype == torch.float32 and torch.equal(weight.grad, torch.ones(4, 4))  # the real one is back
+
+
+def test_grad_dtype_workaround_reaches_the_leaf_behind_a_view() -> None:
+    """A view lifted before its leaf (FSDP2's unsharded parameters) fakeifies the leaf as the view's base."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from subclass_ca._compat.workarounds import GRAD_DTYPE_FAKEIFY
+
+    GRAD_DTYPE_FAKEIFY.patches.install()
+    weight, _ = _bf16_param_with_fp32_grads()
+    weight.grad = torch.ones(4, 4, dtype=torch.float32)
+    view = weight[:, :3]
+    with pytest.raises(RuntimeError, match="grad_dtype"):
+        FakeTensorMode().from_tensor(view)
+    _compat.CA_CAPTURE.enter()
+    try:
+        fake = FakeTensorMode().from_tensor(view)
+    finally:
+        _compat.CA_CAPTURE.exit()
+    assert fake._is_view() and fake.shape == (4, 3) and fake._base.shape == (4, 4)
+    assert fake._base.grad_dtype == torch.float32 and fake._base.grad.dtype == torch.float32
+    assert weight.grad.dtype == torch.float32 and torch.equal(weight.grad, torch.ones(4, 4))

@@ -283,25 +283,40 @@ def _leaf_grad_of_other_dtype(tensor: Any) -> Any:
     return grad
 
 
+def _leaves_with_grads_of_other_dtype(tensor: Any) -> list[tuple[Any, Any]]:
+    """(leaf, its ``.grad``) for ``tensor`` itself and, for a view, its base: what converting ``tensor`` fakeifies."""
+    found = []
+    for leaf in (tensor, tensor._base if isinstance(tensor, torch.Tensor) and tensor._is_view() else None):
+        grad = _leaf_grad_of_other_dtype(leaf)
+        if grad is not None:
+            found.append((leaf, grad))
+    return found
+
+
 def _patched_from_real_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     attr_source = lookup("torch._dynamo.source:AttrSource")
 
     def from_real_tensor(self: Any, fake_mode: Any, t: Any, *args: Any, **kwargs: Any) -> Any:
-        grad = _leaf_grad_of_other_dtype(t)
-        if grad is None:
+        set_aside = _leaves_with_grads_of_other_dtype(t)
+        if not set_aside:
             return original(self, fake_mode, t, *args, **kwargs)
-        t.grad = None
+        for leaf, _grad in set_aside:
+            leaf.grad = None
         try:
             fake = original(self, fake_mode, t, *args, **kwargs)
         finally:
-            t.grad = grad
-        if fake.grad is None:
-            if fake.grad_dtype != t.grad_dtype:
-                fake.grad_dtype = t.grad_dtype
-            source = kwargs.get("source")
-            grad_kwargs = {**kwargs, "source": attr_source(source, "grad") if source is not None else None}
-            grad_kwargs.pop("symbolic_context", None)  # the .grad's own, as torch builds where the leaf's does not fit
-            fake.grad = original(self, fake_mode, grad, *args, **grad_kwargs)
+            for leaf, grad in set_aside:
+                leaf.grad = grad
+        source = kwargs.get("source")
+        grad_kwargs = {key: value for key, value in kwargs.items() if key != "symbolic_context"}  # the .grad's own
+        for leaf, grad in set_aside:
+            fake_leaf, leaf_source = (fake, source) if leaf is t else (fake._base, attr_source(source, "_base") if source else None)
+            if fake_leaf is None or not fake_leaf.is_leaf or fake_leaf.grad is not None:
+                continue
+            if fake_leaf.grad_dtype != leaf.grad_dtype:
+                fake_leaf.grad_dtype = leaf.grad_dtype
+            grad_kwargs["source"] = attr_source(leaf_source, "grad") if leaf_source is not None else None
+            fake_leaf.grad = original(self, fake_mode, grad, *args, **grad_kwargs)
         return fake
 
     return gated(SCOPES["ca-capture-and-graph-run"], original, from_real_tensor)
