@@ -8,6 +8,8 @@ rank-averaged gradient (float tolerance: the reduce-scatter sums in another orde
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -181,6 +183,7 @@ def test_fsdp2_bf16_mixed_precision_is_bitwise_equal_to_eager_fsdp2(variant_runs
 @pytest.mark.timeout(180)
 def test_fsdp2_bf16_mixed_precision_with_gradient_accumulation_is_bitwise_equal_to_eager_fsdp2(variant_runs: dict) -> None:
     case = variant_runs["bf16_params_accumulate"]
+    reference = fsdp2.dense_reference(case["run"], 2)  # the sum over micro-batches, averaged over ranks
     for ca_rank, eager_rank in zip(case["by_mode"]["subclass_ca"], case["by_mode"]["eager"]):
         assert "error_type" not in eager_rank, eager_rank
         assert "error_type" not in ca_rank, ca_rank
@@ -188,6 +191,7 @@ def test_fsdp2_bf16_mixed_precision_with_gradient_accumulation_is_bitwise_equal_
         assert ca_rank["losses"] == eager_rank["losses"]
         for step_grads in ca_rank["grads"]:
             assert {entry["full"].dtype for entry in step_grads.values()} == {torch.float32}
+        assert fsdp2.verify_against_dense(ca_rank, reference, atol=2e-2, rtol=2e-2) == []
 
 
 # --- the split path (Note [Splitting the CA graph at FSDP2's hooks] in _split.py) -----------
@@ -398,6 +402,26 @@ def test_cli_writes_the_markdown_section_with_its_command(default_runs: dict, mo
     assert "## FSDP2" in text and "| subclass_ca |" in text
     assert f"Command: `python -m subclass_ca fsdp2 --markdown {path}`" in text
     assert "subclass_ca" in capsys.readouterr().out
+
+
+def test_cli_passes_accumulation_and_parameter_kind_to_the_run(monkeypatch, capsys) -> None:
+    launched = []
+
+    def run_and_summarize(modes, *, world_size, run, timeout_s):
+        launched.append((modes, world_size, run))
+        return {"world_size": world_size, "run": dataclasses.asdict(run), "torch": torch.__version__, "modes": {}, "ok": True}
+
+    monkeypatch.setattr(fsdp2, "run_and_summarize", run_and_summarize)
+    argv = ["--fsdp2-modes", "eager,subclass_ca", "--param-dtype", "bfloat16", "--accumulate", "2", "--params", "two_tensor"]
+    assert fsdp2.main(argv) == 0
+    (modes, world_size, run), = launched
+    assert modes == ["eager", "subclass_ca"] and world_size == 2
+    assert (run.accumulate, run.params, run.param_dtype) == (2, "two_tensor", "bfloat16")
+    assert "two_tensor" in capsys.readouterr().out and "2 micro-batches per step" in fsdp2.format_summary(
+        run_and_summarize(modes, world_size=2, run=run, timeout_s=1))
+    with pytest.raises(SystemExit) as exit_info:
+        fsdp2.main(["--accumulate", "0"])
+    assert exit_info.value.code == 2 and "accumulate" in capsys.readouterr().err
 
 
 def test_cli_rejects_unknown_mode_before_launching(capsys: pytest.CaptureFixture[str]) -> None:

@@ -227,6 +227,11 @@ def _loss(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: tor
     return torch.nn.functional.mse_loss(model(x), y)
 
 
+def micro_batch_rows(run: FSDP2Run) -> list[slice]:
+    """The rows of a rank's batch each micro-batch takes (one micro-batch: all of them)."""
+    return [slice(micro, None, run.accumulate) for micro in range(run.accumulate)]
+
+
 def _shard(model: nn.Sequential, run: FSDP2Run) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -322,11 +327,10 @@ def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: F
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         graphs = breaks = 0
-        for micro in range(run.accumulate):
+        for micro, rows in enumerate(micro_batch_rows(run)):
             last = micro == run.accumulate - 1
             if run.accumulate > 1:
                 model.set_requires_gradient_sync(last)  # accumulate locally, reduce-scatter on the last one
-            rows = slice(micro, None, run.accumulate)
             loss = _loss(forward, x[rows], y[rows])
             graphs_before, breaks_before = _compat.unique_graph_count(), sum(_compat.graph_break_counts().values())
             with _backward_context(mode, run):
@@ -363,13 +367,18 @@ def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: F
 
 
 def dense_reference(run: FSDP2Run, world_size: int) -> dict[str, Any]:
-    """Single-process dense training on the rank-averaged gradient (what FSDP2 must reproduce)."""
+    """Single-process dense training on the rank-averaged gradient (what FSDP2 must reproduce).
+
+    With gradient accumulation each rank's gradient is the sum over its micro-batches' losses,
+    which FSDP2 then averages over the ranks.
+    """
     model = build_model(run)
     optimizer = torch.optim.SGD(model.parameters(), lr=run.lr)
     grads = []
     for step in range(run.steps):
         optimizer.zero_grad(set_to_none=True)
-        total = sum(_loss(model, *rank_batch(run, rank, step)) for rank in range(world_size))
+        batches = [rank_batch(run, rank, step) for rank in range(world_size)]
+        total = sum(_loss(model, x[rows], y[rows]) for x, y in batches for rows in micro_batch_rows(run))
         (total / world_size).backward()
         grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
         optimizer.step()
@@ -530,12 +539,24 @@ def summarize(by_mode: dict[str, list[dict[str, Any]]], run: FSDP2Run, world_siz
     }
 
 
+def _setup_words(run: dict[str, Any]) -> str:
+    """The non-default training setup of a summary's run, as words after its step count."""
+    words = []
+    if run.get("param_dtype"):
+        words.append(f"param_dtype {run['param_dtype']}")
+    if run.get("accumulate", 1) > 1:
+        words.append(f"{run['accumulate']} micro-batches per step")
+    if not run.get("reshard_after_forward", True):
+        words.append("reshard_after_forward=False")
+    return "".join(f", {word}" for word in words)
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The summary as a plain-text table."""
     run = summary["run"]
     lines = [
         f"FSDP2 {'MLP ' + str(tuple(run['dims'])) if run.get('block') is None else str(run['block']['blocks']) + 'x transformer block'} "
-        f"{run['params']}, world_size {summary['world_size']}, {run['steps']} SGD steps, "
+        f"{run['params']}, world_size {summary['world_size']}, {run['steps']} SGD steps{_setup_words(run)}, "
         f"backend {run['backend']}, torch {summary['torch']}",
         f"{'mode':12s} {'median step ms':>15s} {'x eager':>8s}  {'vs dense':10s} {'vs eager FSDP2':15s}",
     ]
@@ -571,7 +592,8 @@ def markdown_section(summary: dict[str, Any]) -> str:
         "## FSDP2 (fully_shard) training, 2 processes",
         "",
         f"MLP {tuple(run['dims'])}, per-layer + root `fully_shard`, world_size {summary['world_size']} (gloo, "
-        f"127.0.0.1, different data per rank), SGD, {run['steps']} steps; median step time (forward + backward + "
+        f"127.0.0.1, different data per rank), {run['params']} parameters, SGD, {run['steps']} steps{_setup_words(run)}; "
+        "median step time (forward + backward + "
         f"step, slowest rank) excluding the first (compiling) step; backend `{run['backend']}`, torch {summary['torch']}. "
         "Correctness: sharded DTensor parameters and every step's gradients against a single-process dense model "
         "on the rank-averaged gradient, and bitwise against eager FSDP2.",
@@ -633,6 +655,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, steps: int = 3) -> None:
     parser.add_argument("--no-reshard-after-forward", action="store_true", help="fully_shard(reshard_after_forward=False)")
     parser.add_argument("--param-dtype", choices=[d for d in PARAM_DTYPES if d], default=None,
                         help="MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32) on every fully_shard")
+    parser.add_argument("--accumulate", type=int, default=1, metavar="N",
+                        help="micro-batches per step, all but the last under set_requires_gradient_sync(False) (default 1)")
+    parser.add_argument("--params", choices=PARAM_KINDS, default="plain",
+                        help="parameter kind: plain, two_tensor (TwoTensor weights) or nf4_lora (QLoRA; needs torchao)")
 
 
 def run_from_args(args: argparse.Namespace, *, backend: str | None = None) -> dict[str, Any]:
@@ -643,7 +669,8 @@ def run_from_args(args: argparse.Namespace, *, backend: str | None = None) -> di
         raise ValueError(f"--fsdp2-modes: unknown {unknown}; allowed values are {list(MODES)}")
     run = FSDP2Run(steps=args.fsdp2_steps, backend=backend or "aot_eager",
                    reshard_after_forward=not args.no_reshard_after_forward,
-                   param_dtype=getattr(args, "param_dtype", None))
+                   param_dtype=getattr(args, "param_dtype", None),
+                   accumulate=getattr(args, "accumulate", 1), params=getattr(args, "params", "plain"))
     return run_and_summarize(modes, world_size=args.nproc, run=run, timeout_s=args.timeout)
 
 
