@@ -592,6 +592,7 @@ def enter_block(owner: object, config: Config, compiler: CACompiler, token: int,
 
 
 _NESTED_JAGGED_REFUSAL = "NestedTensor support not implemented"
+_FAKE_LIFT_REFUSAL = re.compile(r"Found tensor of type (?P<type><[^>]*>|\S+), which is not supported by FakeTensorMode")
 
 
 def _translated(error: BaseException | None) -> SubclassCAError | None:
@@ -603,6 +604,18 @@ def _translated(error: BaseException | None) -> SubclassCAError | None:
             "gradient was produced (stock compiled autograd refuses the same way). Run this backward outside "
             "subclass_ca.enable() (a torch.compile-d forward with an eager backward trains NJT correctly)."
         )
+    lifted = _FAKE_LIFT_REFUSAL.search(str(error)) if isinstance(error, NotImplementedError) else None
+    if lifted is not None and error.__cause__ is not None:
+        cause = error.__cause__
+        cause_text = (str(cause).strip().splitlines() or [""])[0]
+        return BackwardCompileError(
+            f"compiled autograd could not lift an input of this backward (a parameter, its .grad, a saved tensor or "
+            f"an incoming gradient) of type {lifted['type']} to a fake tensor. Torch reports this as 'not supported by "
+            f"FakeTensorMode', which points at the type; the cause is {type(cause).__name__}: {cause_text} "
+            "No gradient was produced (the capture failed before the backward ran). Run this backward outside "
+            "subclass_ca.enable() (a torch.compile-d forward with an eager backward) and report the cause, with the "
+            "tensor's type, dtype and .grad, to subclass_ca."
+        )
     return None
 
 
@@ -610,8 +623,12 @@ def _translated(error: BaseException | None) -> SubclassCAError | None:
 # ---------------------------
 # Some backwards are refused by torch's own compiled autograd with an error that does not say
 # what to do (e.g. nested jagged tensors: ``NotImplementedError: NestedTensor support not
-# implemented`` from the C++ graph walk, before any node runs).  When such an error leaves an
-# ``enable()`` block, the block re-raises it as the matching SubclassCAError, chained to torch's.
+# implemented`` from the C++ graph walk, before any node runs), or with one that points away from
+# the cause: compiled autograd turns *any* failure to fakeify a backward input into "Found tensor of
+# type X, which is not supported by FakeTensorMode" and chains the real error as its cause (a
+# .grad of another dtype was one, Note [A .grad of another dtype than its leaf]).  When such an
+# error leaves an ``enable()`` block, the block re-raises it as the matching SubclassCAError, which
+# names the cause and is chained to torch's.
 
 
 def exit_block(owner: object, exc_info: tuple[Any, Any, Any]) -> bool:

@@ -132,3 +132,24 @@ def test_grad_dtype_workaround_reaches_the_leaf_behind_a_view() -> None:
     assert fake._is_view() and fake.shape == (4, 3) and fake._base.shape == (4, 4)
     assert fake._base.grad_dtype == torch.float32 and fake._base.grad.dtype == torch.float32
     assert weight.grad.dtype == torch.float32 and torch.equal(weight.grad, torch.ones(4, 4))
+
+
+def test_without_the_workaround_the_error_names_the_cause_not_the_type(monkeypatch) -> None:
+    """Note [Known torch refusals]: torch's 'Found tensor of type Parameter, which is not supported by
+    FakeTensorMode' hides its cause; leaving the block it becomes a BackwardCompileError that names it."""
+    from subclass_ca._compat import compiled_autograd as ca_compat
+    from subclass_ca._compat.workarounds import GRAD_DTYPE_FAKEIFY
+
+    monkeypatch.setattr(ca_compat, "ca_capture_patches", lambda: [])
+    GRAD_DTYPE_FAKEIFY.patches.uninstall()  # a later capture installs it again
+    weight, x = _bf16_param_with_fp32_grads()
+    weight.grad = torch.zeros(4, 4, dtype=torch.float32)  # an earlier micro-batch's gradient
+    forward = torch.compile(lambda x: (x @ weight).sum(), backend="aot_eager")
+    with pytest.raises(subclass_ca.BackwardCompileError) as raised:
+        with subclass_ca.enable():
+            forward(x).backward()
+    message = str(raised.value)
+    assert "Parameter" in message and "grad_dtype" in message and "RuntimeError" in message
+    assert "outside subclass_ca.enable()" in message
+    assert isinstance(raised.value.__cause__, NotImplementedError)
+    assert torch.equal(weight.grad, torch.zeros(4, 4))  # nothing was accumulated
