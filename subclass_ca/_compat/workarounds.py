@@ -85,17 +85,22 @@ _META_UTILS = "torch._subclasses.meta_utils"
 _probe_results: dict[int, tuple[Any, bool]] = {}
 
 
+def _probed(function: Any, probe: Callable[[Any], bool]) -> bool:
+    """``probe(torch's function)``, cached per identity of that function (our gate around it is looked through)."""
+    function = getattr(function, "__subclass_ca_original__", function)
+    cached = _probe_results.get(id(function))
+    if cached is None or cached[0] is not function:
+        cached = _probe_results[id(function)] = (function, probe(function))
+    return cached[1]
+
+
 def _grad_context_bug() -> bool:
-    """Cached :func:`_probe_grad_context_bug`, per identity of torch's function."""
+    """Cached :func:`_probe_grad_context_bug`."""
     try:
         compatible = lookup(_META_UTILS + ":_grad_context_compatible")
     except (ImportError, AttributeError):
         return False
-    compatible = getattr(compatible, "__subclass_ca_original__", compatible)
-    cached = _probe_results.get(id(compatible))
-    if cached is None or cached[0] is not compatible:
-        cached = _probe_results[id(compatible)] = (compatible, _probe_grad_context_bug(compatible))
-    return cached[1]
+    return _probed(compatible, _probe_grad_context_bug)
 
 
 def _probe_grad_context_bug(compatible: Callable[..., bool]) -> bool:
@@ -323,18 +328,14 @@ def _patched_from_real_tensor(original: Callable[..., Any]) -> Callable[..., Any
 
 
 def _grad_dtype_fakeify_bug() -> bool:
-    """Cached :func:`_probe_grad_dtype_fakeify_bug`, per identity of torch's function."""
+    """Cached :func:`_probe_grad_dtype_fakeify_bug`."""
     try:
         converter = lookup("torch._subclasses.fake_tensor:FakeTensorConverter")
         lookup("torch._dynamo.source:AttrSource")
     except (ImportError, AttributeError):
         return False
     convert = converter.__dict__.get("from_real_tensor")
-    convert = getattr(convert, "__subclass_ca_original__", convert)
-    cached = _probe_results.get(id(convert))
-    if cached is None or cached[0] is not convert:
-        cached = _probe_results[id(convert)] = (convert, _probe_grad_dtype_fakeify_bug(convert))
-    return cached[1]
+    return convert is not None and _probed(convert, _probe_grad_dtype_fakeify_bug)
 
 
 def _probe_grad_dtype_fakeify_bug(convert: Callable[..., Any]) -> bool:
