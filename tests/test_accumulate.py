@@ -18,15 +18,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _bf16_param_with_fp32_grads() -> tuple[torch.nn.Parameter, torch.Tensor]:
+def _bf16_param_with_fp32_grads(device: str = "cpu") -> tuple[torch.nn.Parameter, torch.Tensor]:
     torch.manual_seed(0)
-    weight = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.bfloat16))
+    weight = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.bfloat16).to(device))
     weight.grad_dtype = torch.float32
-    return weight, torch.randn(3, 4, dtype=torch.bfloat16)
+    return weight, torch.randn(3, 4, dtype=torch.bfloat16).to(device)
 
 
-def test_bf16_param_with_fp32_grad_dtype_gets_eager_fp32_grad() -> None:
-    weight, x = _bf16_param_with_fp32_grads()
+def test_bf16_param_with_fp32_grad_dtype_gets_eager_fp32_grad(device) -> None:
+    weight, x = _bf16_param_with_fp32_grads(device)
     (x @ weight).square().sum().backward()
     want = weight.grad
     assert want.dtype == torch.float32  # eager casts before accumulating
@@ -49,14 +49,14 @@ def test_stock_compiled_autograd_refuses_the_bf16_grad() -> None:
             loss.backward()
 
 
-def test_bf16_param_accumulating_fp32_grads_over_micro_batches_is_bitwise_eager() -> None:
+def test_bf16_param_accumulating_fp32_grads_over_micro_batches_is_bitwise_eager(device) -> None:
     """From the second micro-batch on the bf16 leaf holds a float32 .grad, which torch cannot fakeify
     (Note [A .grad of another dtype than its leaf] in _compat/workarounds.py): one more capture, then steady."""
     from torch._dynamo.utils import counters
 
-    weight, _ = _bf16_param_with_fp32_grads()
+    weight, _ = _bf16_param_with_fp32_grads(device)
     start = weight.detach().clone()
-    batches = [torch.randn(3, 4, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    batches = [torch.randn(3, 4, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(i)).to(device) for i in range(4)]
     for x in batches:
         (x @ weight).square().sum().backward()
     want = weight.grad

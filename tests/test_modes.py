@@ -19,9 +19,9 @@ def pair_mode(request):
     subclass_ca.unregister_handler(PairTensor)
 
 
-def _run(backend):
+def _run(backend, device="cpu"):
     torch.manual_seed(0)
-    dense, x = torch.randn(6, 6), torch.randn(4, 6)
+    dense, x = torch.randn(6, 6).to(device), torch.randn(4, 6).to(device)
     eager_w = torch.nn.Parameter(make_pair(dense))
     (x @ eager_w).sin().sum().backward()
     ca_w = torch.nn.Parameter(make_pair(dense))
@@ -78,6 +78,6 @@ def test_opaque_mode_runs_eagerly_behind_a_graph_break(pair_mode):
 
 @pytest.mark.inductor
 @pytest.mark.parametrize("pair_mode", ["proxy", "inline", "opaque"], indirect=True)
-def test_every_mode_matches_eager_on_inductor(pair_mode):
-    expected, actual = _run("inductor")
+def test_every_mode_matches_eager_on_inductor(pair_mode, device):
+    expected, actual = _run("inductor", device)
     assert_same_grad(expected, actual, exact=False)

@@ -146,7 +146,7 @@ def test_concurrent_registration_from_eight_threads_is_consistent():
             subclass_ca.unregister_handler(cls)
 
 
-def test_registering_while_a_capture_runs_does_not_change_that_capture(cleanup):
+def test_registering_while_a_capture_runs_does_not_change_that_capture(cleanup, device):
     """The capture binds the handler it looked up; a registration mid-capture applies to later captures."""
     calls = []
 
@@ -163,7 +163,7 @@ def test_registering_while_a_capture_runs_does_not_change_that_capture(cleanup):
     subclass_ca.register_handler(PairTensor, rebuild=first_rebuild)
     cleanup.append(PairTensor)
     torch.manual_seed(0)
-    dense, x = torch.randn(5, 5), torch.randn(3, 5)
+    dense, x = torch.randn(5, 5, device=device), torch.randn(3, 5, device=device)
     eager_w = torch.nn.Parameter(make_pair(dense))
     (x @ eager_w).sum().backward()
     ca_w = torch.nn.Parameter(make_pair(dense))

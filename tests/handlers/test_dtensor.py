@@ -1,4 +1,4 @@
-"""Built-in DTensor handler: world_size 1 in-process (world_size 2 lives in test_dtensor_multiprocess.py)."""
+"""Built-in DTensor handler: world_size 1 in-process, CPU (gloo) and CUDA (NCCL) meshes (world_size 2 lives in test_dtensor_multiprocess.py)."""
 
 from __future__ import annotations
 
@@ -16,19 +16,24 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 
 @pytest.fixture(scope="module")
-def mesh():
-    from torch.distributed.device_mesh import init_device_mesh
-
+def process_group():
     from tests.distributed_utils import single_process_group
 
     with single_process_group():
-        yield init_device_mesh("cpu", (1,))
+        yield
+
+
+@pytest.fixture
+def mesh(process_group, device):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device, (1,))
 
 
 @pytest.mark.parametrize("placement", [Shard(0), Replicate()], ids=["shard0", "replicate"])
-def test_dtensor_param_grad_matches_dense_reference(mesh, placement):
+def test_dtensor_param_grad_matches_dense_reference(mesh, placement, device):
     torch.manual_seed(0)
-    dense_w, dense_b, x = torch.randn(8, 8), torch.randn(8), torch.randn(4, 8)
+    dense_w, dense_b, x = (t.to(device) for t in (torch.randn(8, 8), torch.randn(8), torch.randn(4, 8)))
     reference_w = torch.nn.Parameter(dense_w.clone())
     reference_b = torch.nn.Parameter(dense_b.clone())
     ((x @ reference_w).tanh() + reference_b).pow(2).sum().backward()
@@ -46,9 +51,9 @@ def test_dtensor_param_grad_matches_dense_reference(mesh, placement):
     assert report.nodes_for("DTensor", "proxy") >= 2
 
 
-def test_dtensor_grad_matches_eager_dtensor(mesh):
+def test_dtensor_grad_matches_eager_dtensor(mesh, device):
     torch.manual_seed(0)
-    dense_w, x = torch.randn(6, 6), torch.randn(3, 6)
+    dense_w, x = torch.randn(6, 6).to(device), torch.randn(3, 6).to(device)
     eager_w = torch.nn.Parameter(distribute_tensor(dense_w.clone(), mesh, [Shard(0)]))
     x_d = distribute_tensor(x, mesh, [Replicate()])
     (x_d @ eager_w).sin().sum().backward()
@@ -61,10 +66,10 @@ def test_dtensor_grad_matches_eager_dtensor(mesh):
     assert ca_w.grad.placements == eager_w.grad.placements
 
 
-def test_dtensor_handler_key_distinguishes_placements(mesh):
+def test_dtensor_handler_key_distinguishes_placements(mesh, device):
     from subclass_ca.handlers.dtensor import dtensor_metadata_key
 
-    dense = torch.randn(4, 4)
+    dense = torch.randn(4, 4, device=device)
     sharded = distribute_tensor(dense, mesh, [Shard(0)])
     replicated = distribute_tensor(dense, mesh, [Replicate()])
     key_sharded = dtensor_metadata_key(sharded.__tensor_flatten__()[1])

@@ -14,11 +14,11 @@ with warnings.catch_warnings():
     nf4 = pytest.importorskip("torchao.quantization.quantize_.workflows.nf4.nf4_tensor")
 
 
-def _lora_step(use_ca, steps=3):
+def _lora_step(use_ca, steps=3, device="cpu"):
     torch.manual_seed(0)
-    base = nf4.to_nf4(torch.randn(128, 128))
-    lora_a = torch.nn.Parameter(torch.randn(128, 4) * 0.1)
-    lora_b = torch.nn.Parameter(torch.zeros(4, 128))
+    base = nf4.to_nf4(torch.randn(128, 128).to(device))
+    lora_a = torch.nn.Parameter(torch.randn(128, 4).to(device) * 0.1)
+    lora_b = torch.nn.Parameter(torch.zeros(4, 128, device=device))
     opt = torch.optim.SGD([lora_a, lora_b], lr=0.1)
 
     def forward(x):
@@ -27,7 +27,7 @@ def _lora_step(use_ca, steps=3):
     step = torch.compile(forward, backend="aot_eager") if use_ca else forward
     losses = []
     for i in range(steps):
-        x = torch.randn(8, 128, generator=torch.Generator().manual_seed(i))
+        x = torch.randn(8, 128, generator=torch.Generator().manual_seed(i)).to(device)
         opt.zero_grad()
         loss = step(x)
         if use_ca:
@@ -40,10 +40,10 @@ def _lora_step(use_ca, steps=3):
     return torch.stack(losses), lora_a.detach(), lora_b.detach()
 
 
-def test_nf4_frozen_base_with_lora_matches_eager():
-    expected = _lora_step(use_ca=False)
+def test_nf4_frozen_base_with_lora_matches_eager(device):
+    expected = _lora_step(use_ca=False, device=device)
     subclass_ca.reset()
-    actual = _lora_step(use_ca=True)
+    actual = _lora_step(use_ca=True, device=device)
     for want, got in zip(expected, actual):
         torch.testing.assert_close(got, want)
 

@@ -25,8 +25,8 @@ pytestmark = pytest.mark.skipif(TwoTensor is None, reason="torch.testing._intern
 STEPS = 2
 
 
-def _weight(kind: str) -> torch.Tensor:
-    dense = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+def _weight(kind: str, device: str = "cpu") -> torch.Tensor:
+    dense = torch.randn(4, 4, generator=torch.Generator().manual_seed(0)).to(device)
     if kind == "two_tensor":
         return TwoTensor(dense.clone(), dense * 2.0)
     return make_nested_pair(dense)
@@ -40,8 +40,8 @@ def observe(grad: torch.Tensor) -> None:
     return None
 
 
-def _train(kind: str, hook, backend: str | None, context_factory) -> tuple[torch.Tensor, list[str]]:
-    weight = torch.nn.Parameter(_weight(kind))
+def _train(kind: str, hook, backend: str | None, context_factory, device: str = "cpu") -> tuple[torch.Tensor, list[str]]:
+    weight = torch.nn.Parameter(_weight(kind, device))
     seen: list[str] = []
 
     def recording_hook(grad: torch.Tensor):
@@ -55,7 +55,7 @@ def _train(kind: str, hook, backend: str | None, context_factory) -> tuple[torch
 
     forward = torch.compile(step, backend=backend) if backend else step
     for index in range(STEPS):
-        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(10 + index))
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(10 + index)).to(device)
         with context_factory():
             forward(x).backward()  # the forward is traced with compiled autograd on
     return weight.grad, seen
@@ -63,9 +63,9 @@ def _train(kind: str, hook, backend: str | None, context_factory) -> tuple[torch
 
 @pytest.mark.parametrize("kind", ["two_tensor", "nested_pair"])
 @pytest.mark.parametrize("hook", [triple, observe], ids=["returns_grad", "returns_none"])
-def test_hook_on_subclass_intermediate_matches_eager(kind, hook, backend):
-    eager_grad, eager_seen = _train(kind, hook, None, contextlib.nullcontext)
-    grad, seen = _train(kind, hook, backend, lambda: subclass_ca.enable(backend=backend))
+def test_hook_on_subclass_intermediate_matches_eager(kind, hook, backend, device):
+    eager_grad, eager_seen = _train(kind, hook, None, contextlib.nullcontext, device)
+    grad, seen = _train(kind, hook, backend, lambda: subclass_ca.enable(backend=backend), device)
     assert_same_grad(eager_grad, grad, exact=backend == "aot_eager")
     assert seen == eager_seen == [type(eager_grad).__name__] * STEPS
 

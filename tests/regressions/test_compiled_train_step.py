@@ -23,17 +23,17 @@ TwoTensor = _compat.two_tensor_type()
 pytestmark = pytest.mark.skipif(TwoTensor is None, reason="torch.testing._internal.two_tensor is missing")
 
 
-def _model(kind: str) -> torch.nn.Linear:
+def _model(kind: str, device: str = "cpu") -> torch.nn.Linear:
     torch.manual_seed(0)
-    linear = torch.nn.Linear(4, 4)
+    linear = torch.nn.Linear(4, 4).to(device)
     if kind == "two_tensor":
         dense = linear.weight.detach()
         linear.weight = torch.nn.Parameter(TwoTensor(dense.clone(), dense * 2))
     return linear
 
 
-def _train(kind: str, style: str, steps: int = 3):
-    linear = _model(kind)
+def _train(kind: str, style: str, steps: int = 3, device: str = "cpu"):
+    linear = _model(kind, device)
     optimizer = torch.optim.SGD(linear.parameters(), lr=0.1)
 
     def train_step(x):
@@ -48,7 +48,7 @@ def _train(kind: str, style: str, steps: int = 3):
     with flag, block:
         step = train_step if style == "eager" else torch.compile(train_step, backend="aot_eager")
         for index in range(steps):
-            step(torch.randn(2, 4, generator=torch.Generator().manual_seed(index)))
+            step(torch.randn(2, 4, generator=torch.Generator().manual_seed(index)).to(device))
             grads.append([p.grad.detach().clone() if type(p.grad) is torch.Tensor else p.grad.detach() for p in linear.parameters()])
             optimizer.step()
             optimizer.zero_grad()
@@ -57,10 +57,10 @@ def _train(kind: str, style: str, steps: int = 3):
 
 @pytest.mark.parametrize("kind", ["plain", "two_tensor"])
 @pytest.mark.parametrize("style", ["graph_break", "flag"])
-def test_compiled_train_step_trains_like_eager_through_subclass_ca(kind, style):
-    eager_model, eager_grads = _train(kind, "eager")
+def test_compiled_train_step_trains_like_eager_through_subclass_ca(kind, style, device):
+    eager_model, eager_grads = _train(kind, "eager", device=device)
     before = len(subclass_ca.reports())
-    model, grads = _train(kind, style)
+    model, grads = _train(kind, style, device=device)
     for want_step, got_step in zip(eager_grads, grads):
         for want, got in zip(want_step, got_step):
             assert_same_grad(want, got, exact=False)
