@@ -429,3 +429,17 @@ def test_cli_rejects_unknown_mode_before_launching(capsys: pytest.CaptureFixture
         fsdp2.main(["--fsdp2-modes", "eager,bogus"])
     assert exit_info.value.code == 2
     assert "bogus" in capsys.readouterr().err
+
+
+def test_cli_device_reaches_the_run_and_the_launch(monkeypatch) -> None:
+    """``--device cuda`` (NCCL, one GPU per rank) is the run's device and its launch's; checked without launching."""
+    from subclass_ca._tools import launcher
+
+    modes, run = fsdp2.run_config(fsdp2._parser().parse_args(["--nproc", "1", "--device", "cuda", "--params", "two_tensor"]))
+    assert modes == list(fsdp2.MODES) and (run.device, run.params) == ("cuda", "two_tensor")
+    devices = []
+    monkeypatch.setattr(launcher, "run_workers", lambda fn, nproc, **kwargs: devices.append(kwargs["device"]) or [{"eager": {}}])
+    assert fsdp2.run_modes(("eager",), world_size=1, run=run) == {"eager": [{}]}
+    assert devices == ["cuda"]
+    with pytest.raises(ValueError, match="one launch runs on one device"):
+        fsdp2.run_cases([(("eager",), run), (("eager",), dataclasses.replace(run, device="cpu"))], world_size=1)

@@ -1,7 +1,7 @@
 """FSDP2 (``fully_shard``) training under subclass_ca, verified against eager FSDP2 and a dense reference.
 
 ``python -m subclass_ca fsdp2 --nproc 2`` trains one small MLP (per-layer and root
-``fully_shard``, gloo on 127.0.0.1, different data per rank) in several modes and checks
+``fully_shard``, gloo on 127.0.0.1, or NCCL with ``--device cuda``; different data per rank) in several modes and checks
 that every mode ends with the same sharded DTensor parameters and gradients as eager
 FSDP2 and as a single-process dense model trained on the rank-averaged gradient:
 
@@ -370,7 +370,7 @@ def dense_reference(run: FSDP2Run, world_size: int) -> dict[str, Any]:
     """Single-process dense training on the rank-averaged gradient (what FSDP2 must reproduce).
 
     With gradient accumulation each rank's gradient is the sum over its micro-batches' losses,
-    which FSDP2 then averages over the ranks.
+    which FSDP2 then averages over the ranks.  Trains on ``run.device``; returns CPU tensors.
     """
     model = build_model(run)
     optimizer = torch.optim.SGD(model.parameters(), lr=run.lr)
@@ -380,9 +380,14 @@ def dense_reference(run: FSDP2Run, world_size: int) -> dict[str, Any]:
         batches = [rank_batch(run, rank, step) for rank in range(world_size)]
         total = sum(_loss(model, x[rows], y[rows]) for x, y in batches for rows in micro_batch_rows(run))
         (total / world_size).backward()
-        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+        grads.append({n: _host(p.grad) for n, p in model.named_parameters()})
         optimizer.step()
-    return {"params": {n: p.detach().clone() for n, p in model.named_parameters()}, "grads": grads}
+    return {"params": {n: _host(p) for n, p in model.named_parameters()}, "grads": grads}
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy: the ranks' results arrive on CPU (``run_workers`` loads them there), so the reference lives there too."""
+    return t.detach().to("cpu", copy=True)
 
 
 def _full_problems(label: str, got: dict[str, Any], want: dict[str, torch.Tensor], tolerance: dict[str, float]) -> list[str]:
@@ -435,15 +440,17 @@ def compare_runs(result: dict[str, Any], baseline: dict[str, Any], *, atol: floa
 # --- multi-process launch ----------------------------------------------------------
 
 
-def launch(fn: Callable[..., Any], world_size: int = 2, *, timeout_s: float = 120.0, args: Sequence[Any] = ()) -> list[Any]:
-    """``fn(rank, world_size, *args)`` on ``world_size`` fresh processes (gloo, 127.0.0.1); results by rank.
+def launch(
+    fn: Callable[..., Any], world_size: int = 2, *, timeout_s: float = 120.0, args: Sequence[Any] = (), device: str = "cpu"
+) -> list[Any]:
+    """``fn(rank, world_size, *args)`` on ``world_size`` fresh processes (gloo, 127.0.0.1; NCCL with ``device="cuda"``); results by rank.
 
     A thin front for :func:`subclass_ca.distributed.run_workers` (bounded, fail-fast, no orphans):
     a rank that raises, dies or outlives ``timeout_s`` raises ``WorkerError`` with its traceback.
     """
     from .launcher import run_workers
 
-    return run_workers(fn, world_size, timeout_s=timeout_s, args=tuple(args))
+    return run_workers(fn, world_size, timeout_s=timeout_s, args=tuple(args), device=device)
 
 
 def run_modes(
@@ -451,7 +458,7 @@ def run_modes(
 ) -> dict[str, list[dict[str, Any]]]:
     """All ``modes`` in one launch (one process group, modes run one after another)."""
     run = run or FSDP2Run()
-    results = launch(_train_modes, world_size, timeout_s=timeout_s, args=(tuple(modes), run))
+    results = launch(_train_modes, world_size, timeout_s=timeout_s, args=(tuple(modes), run), device=run.device)
     return {mode: [result[mode] for result in results] for mode in modes}
 
 
@@ -460,7 +467,10 @@ def run_cases(
 ) -> list[dict[str, list[dict[str, Any]]]]:
     """Several ``(modes, run)`` cases in one launch (one process group, paying process start once); by case."""
     cases = [(tuple(modes), run) for modes, run in cases]
-    results = launch(_train_cases, world_size, timeout_s=timeout_s, args=(cases,))
+    devices = sorted({run.device for _, run in cases})
+    if len(devices) > 1:
+        raise ValueError(f"run_cases: one launch runs on one device, got cases on {devices}; launch each device separately")
+    results = launch(_train_cases, world_size, timeout_s=timeout_s, args=(cases,), device=devices[0] if devices else "cpu")
     return [{mode: [result[index][mode] for result in results] for mode in modes} for index, (modes, _) in enumerate(cases)]
 
 
@@ -551,13 +561,17 @@ def _setup_words(run: dict[str, Any]) -> str:
     return "".join(f", {word}" for word in words)
 
 
+def _device_words(run: dict[str, Any]) -> str:
+    return "cuda (NCCL)" if run.get("device") == "cuda" else "cpu (gloo)"
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The summary as a plain-text table."""
     run = summary["run"]
     lines = [
         f"FSDP2 {'MLP ' + str(tuple(run['dims'])) if run.get('block') is None else str(run['block']['blocks']) + 'x transformer block'} "
         f"{run['params']}, world_size {summary['world_size']}, {run['steps']} SGD steps{_setup_words(run)}, "
-        f"backend {run['backend']}, torch {summary['torch']}",
+        f"backend {run['backend']}, {_device_words(run)}, torch {summary['torch']}",
         f"{'mode':12s} {'median step ms':>15s} {'x eager':>8s}  {'vs dense':10s} {'vs eager FSDP2':15s}",
     ]
     for mode, entry in summary["modes"].items():
@@ -591,7 +605,7 @@ def markdown_section(summary: dict[str, Any]) -> str:
         "",
         "## FSDP2 (fully_shard) training, 2 processes",
         "",
-        f"MLP {tuple(run['dims'])}, per-layer + root `fully_shard`, world_size {summary['world_size']} (gloo, "
+        f"MLP {tuple(run['dims'])}, per-layer + root `fully_shard`, world_size {summary['world_size']} ({_device_words(run)}, "
         f"127.0.0.1, different data per rank), {run['params']} parameters, SGD, {run['steps']} steps{_setup_words(run)}; "
         "median step time (forward + backward + "
         f"step, slowest rank) excluding the first (compiling) step; backend `{run['backend']}`, torch {summary['torch']}. "
@@ -661,8 +675,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, steps: int = 3) -> None:
                         help="parameter kind: plain, two_tensor (TwoTensor weights) or nf4_lora (QLoRA; needs torchao)")
 
 
-def run_from_args(args: argparse.Namespace, *, backend: str | None = None) -> dict[str, Any]:
-    """Parse the shared options, run, summarise (raises ValueError on unknown modes)."""
+def run_config(args: argparse.Namespace, *, backend: str | None = None) -> tuple[list[str], FSDP2Run]:
+    """The modes and the run the shared options name, validated, nothing launched (raises ValueError on bad values)."""
     modes = [m.strip() for m in args.fsdp2_modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
@@ -670,18 +684,31 @@ def run_from_args(args: argparse.Namespace, *, backend: str | None = None) -> di
     run = FSDP2Run(steps=args.fsdp2_steps, backend=backend or "aot_eager",
                    reshard_after_forward=not args.no_reshard_after_forward,
                    param_dtype=getattr(args, "param_dtype", None),
-                   accumulate=getattr(args, "accumulate", 1), params=getattr(args, "params", "plain"))
+                   accumulate=getattr(args, "accumulate", 1), params=getattr(args, "params", "plain"),
+                   device=getattr(args, "device", None) or "cpu")
+    return modes, run
+
+
+def run_from_args(args: argparse.Namespace, *, backend: str | None = None) -> dict[str, Any]:
+    """Parse the shared options, run, summarise (raises ValueError on unknown modes)."""
+    modes, run = run_config(args, backend=backend)
     return run_and_summarize(modes, world_size=args.nproc, run=run, timeout_s=args.timeout)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m subclass_ca fsdp2", description=__doc__.splitlines()[0])
-    parser.add_argument("--nproc", type=int, default=2, help="world size (processes on 127.0.0.1, gloo)")
+    parser.add_argument("--nproc", type=int, default=2, help="world size (processes on 127.0.0.1)")
+    parser.add_argument("--device", choices=DEVICES, default="cpu", help="gloo on CPU or NCCL on CUDA (one GPU per rank)")
     parser.add_argument("--backend", default="aot_eager")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are terminated")
     parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write the summary as a markdown section")
     add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     argv = list(argv) if argv is not None else sys.argv[1:]
     args = parser.parse_args(argv)
     try:

@@ -538,8 +538,7 @@ def profile_main(args: argparse.Namespace, *, command: str = "python -m subclass
     return 0 if summary["same_schedule"] else 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(argv) if argv is not None else sys.argv[1:]
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m subclass_ca fsdp2-profile", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2, help="world size (processes on 127.0.0.1)")
     parser.add_argument("--backend", default="aot_eager", help="backend of the compiled forward and the CA pieces")
@@ -550,6 +549,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are terminated")
     parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
     add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    parser = _parser()
     args = parser.parse_args(argv)
     try:
         return profile_main(args, command=" ".join(["python -m subclass_ca fsdp2-profile", *argv]))
