@@ -48,6 +48,7 @@ __all__ = [
     "check_same_rebuild",
     "recipe_by_id",
     "recipe_count",
+    "all_recipes",
     "rebuild",
     "check_against",
     "outer_metadata",
@@ -222,6 +223,12 @@ def check_same_rebuild(interned: Recipe, new: Recipe, rebuild_on_examples: Any) 
 
 def recipe_by_id(recipe_id: int) -> Recipe:
     return _recipes[recipe_id]
+
+
+def all_recipes() -> list[Recipe]:
+    """Every recipe interned so far, in id order (a recipe's id is its index)."""
+    with _recipes_lock:
+        return list(_recipes)
 
 
 def recipe_count() -> int:

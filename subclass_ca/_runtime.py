@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from . import _compat, _fsdp2, _split, diagnostics
+from . import _cacheable, _compat, _fsdp2, _split, diagnostics
 from ._accumulate import accumulate_dummy_swap, accumulation_dtype, steal_subclass_accumulates
 from ._epilogue import proxy_call_aot_backward, warn_fallback_once
 from ._hooks import trace_wrapped_swaps
@@ -81,7 +81,8 @@ class CompiledCAGraph:
         if self._compile_graph is not None:  # the compiler of a torch.compile-d train step (flag style)
             return self._compile_graph(self._graph_module)
         config = self._config
-        return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
+        kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs)
+        return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **kwargs)
 
     def _call_in_scope(self, *args: Any, **kwargs: Any) -> Any:
         if not self._workarounds:
@@ -133,7 +134,8 @@ class CompiledCAGraph:
         config = self._config
 
         def compile_piece(forward: Callable[..., Any], *, fullgraph: bool) -> Any:
-            return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, **config.compile_kwargs)
+            kwargs = _cacheable.compile_kwargs(forward.__self__, config.backend, config.compile_kwargs)
+            return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, **kwargs)
 
         split = _split.split_graph(self._graph_module, points, compile_piece, self._report)
         self._graph_breaks_allowed = True  # eager code (the hooks) runs between the pieces: final callbacks apply
@@ -542,6 +544,7 @@ RUNTIME_PATCHES = _compat.PatchSet(
         accumulate_dummy_swap(),
         *frame_swaps(),  # Note [Compiled optimizer steps over subclass gradients]
         *_compat.capture_watch_swaps(diagnostics.capture_abandoned),
+        *([_cacheable.cache_global_swap()] if _compat.marked_cacheable_supported() else []),  # Note [Warm start through torch's caches]
     ],
     resident=True,
 )

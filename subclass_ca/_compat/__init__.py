@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedTorchError
-from . import aot_autograd, compiled_autograd, dynamo, engine, fsdp, workarounds
+from . import aot_autograd, caches, compiled_autograd, dynamo, engine, fsdp, workarounds
 from ._lookup import lookup
 from ._patch import BLOCKS, CA_CAPTURE, CA_GRAPH_RUN, AnyScope, AttributeSwap, CallSwap, PatchSet, Scope, Swap, gated, uninstall_resident
 from .aot_autograd import *  # noqa: F403
+from .caches import *  # noqa: F403
 from .compiled_autograd import *  # noqa: F403
 from .dynamo import *  # noqa: F403
 from .engine import *  # noqa: F403
@@ -115,6 +116,14 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
         dynamo.FRAME_COMPILER + ".__call__",
         "a torch.compile-d optimizer step over plain parameters with subclass gradients is not refused on "
         "torch 2.14/2.15, where torch computes it wrong",
+    ),
+    "AOTAutogradCache key pickler": (
+        caches.CACHE_PICKLER + "._format_global_for_cache_key",
+        "CA graphs bypass AOTAutogradCache (a restarted job traces them again; Note [Warm start through torch's caches])",
+    ),
+    "inductor cache folder": (
+        "torch._inductor.runtime.cache_dir_utils:cache_dir",
+        "subclass_ca.cache_info() cannot name the cache folder",
     ),
     "inductor config": ("torch._inductor:config", "benchmarks cannot switch off the FX-graph cache when timing compiles"),
     "reference TwoTensor": ("torch.testing._internal.two_tensor:TwoTensor", "no built-in TwoTensor handler"),

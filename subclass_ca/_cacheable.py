@@ -1,0 +1,157 @@
+"""Make a CA graph's compile an entry of torch's own persistent caches, keyed by what it does.
+
+Note [Warm start through torch's caches]
+----------------------------------------
+A restarted job recompiles every CA graph: inductor's FX graph cache already holds the
+kernels, but AOTAutogradCache *bypasses* every CA graph, so Dynamo's graph is traced by AOT
+and partitioned again in each process.  Two things refuse it, both in torch:
+
+1. its allowlist (``check_node_safe``) admits no call target of compiled autograd's own
+   (``ops.validate_outputs``, ``ops.AccumulateGrad``, the per-node ops), nor the AOT backward
+   prologue closure, nor our named ``make_<Subclass>`` callables;
+2. its key pickler writes one *import line* per graph global, which fails for all of them
+   (CA's ops live in a module that does not exist; the prologue is a closure).
+
+The rule: a call target is admitted only with a key line that describes everything it does,
+so that equal keys in two processes mean equal behaviour.
+
+* compiled autograd's ops: the op name and torch's version (a per-node op is the node type's
+  formula; its saved values are graph inputs or constants already in the key), plus our own
+  code digest (our AccumulateGrad swaps change what it traces to).  Custom C++ functions
+  (``CppNode<name><n>``) are numbered per process and stay refused;
+* an AOT backward prologue: the code AOT generated for it and every value that code reads
+  (tangent metadata, subclass unwrap code), described by ``_fingerprint.describe``;
+* one of our ``make_<Subclass>`` callables: the handler (rebuild and metadata-key code and
+  their closures), the subclass's flatten protocol code, and *every recipe interned for that
+  class so far* (its id -> what it rebuilds), because a node carries only ``recipe=<id>``.
+  Two processes that interned the same recipes in the same order hit; any other history
+  misses.  That is the deterministic training job (same captures in the same order), and it
+  can never make a graph rebuild with another process's recipe.
+
+Anything without a stable description (an object known only by its address, a tensor's
+values) gets this process's nonce in its key: the entry is written and reused in-process but
+misses in every other process.  Our key lines replace torch's only for the objects above;
+every other global keeps torch's import line.  The allowlist is passed per compile through
+``torch.compile(options=...)`` (an inductor config patch that is itself part of the key),
+naming just the targets of that graph, so it does not depend on what else the process did.
+Only the ``inductor`` backend without ``mode=`` takes ``options``; any other backend has no
+AOTAutogradCache and compiles as before.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from . import _compat
+from ._fingerprint import Unstable, describe, digest, package_digest
+from ._recipe import all_recipes
+
+__all__ = ["key_of", "compile_kwargs", "cacheable_names", "uncacheable_reasons", "cache_global_swap"]
+
+_NONCE = uuid.uuid4().hex
+_prologue_keys: dict[int, tuple[Any, str]] = {}
+_uncacheable: dict[str, str] = {}
+
+
+def _base() -> str:
+    return f"{package_digest()}; torch {torch.__version__}"
+
+
+def _stable(what: str, build: Any) -> str:
+    try:
+        return digest(_base(), build())
+    except Unstable as why:
+        _uncacheable[what] = str(why)
+        return f"process-local {_NONCE} ({what}: {why})"
+
+
+def _callable_key(target: Any) -> str:
+    from .registry import get_handler
+
+    cls = target._subclass_ca_type
+
+    def build() -> str:
+        recipes = [(i, r) for i, r in enumerate(all_recipes()) if _uses(r, cls)]
+        return "; ".join([
+            f"{target.__name__} mode={target._subclass_ca_mode}",
+            describe(get_handler(cls)),
+            *(f"recipe {i}: {_describe_recipe(r)}" for i, r in recipes),
+        ])
+
+    return _stable(f"{target.__name__} ({cls.__qualname__})", build)
+
+
+def _uses(recipe: Any, cls: type) -> bool:
+    return recipe.subclass_type is cls
+
+
+def _describe_recipe(recipe: Any) -> str:
+    parts = ", ".join(f"{attr}={_describe_recipe(p) if hasattr(p, 'parts') else describe(p)}" for attr, p in recipe.parts)
+    return (
+        f"{describe(recipe.handler)} ctx={describe(recipe.ctx)} parts=[{parts}] size={describe(recipe.outer_size)} "
+        f"stride={describe(recipe.outer_stride)} symints={recipe.symint_start}:{recipe.symint_end} args={recipe.arg_count} "
+        f"expected={describe(recipe.expected)}"
+    )
+
+
+def _prologue_key(prologue: Any) -> str:
+    found = _prologue_keys.get(id(prologue))
+    if found is not None and found[0] is prologue:
+        return found[1]
+    key = _stable("an AOT backward prologue", lambda: describe(_compat.prologue_inner(prologue)))
+    _prologue_keys[id(prologue)] = (prologue, key)  # the prologue is kept alive: its id is never reused
+    return key
+
+
+def key_of(obj: Any) -> str | None:
+    """The key line for a CA graph global of the kinds above (Note [Warm start through torch's caches]); None: torch's own."""
+    if hasattr(obj, "_subclass_ca_type"):
+        return _callable_key(obj)
+    op = _compat.ca_op_name(obj)
+    if op is not None:
+        name, custom = op
+        return None if custom else digest(_base(), f"compiled autograd op {name}")
+    if _compat.is_stable_prologue(obj):
+        return _prologue_key(obj)
+    return None
+
+
+def cache_global_swap() -> Any:
+    """The resident swap of AOTAutogradCache's key line per global (acting only for :func:`key_of`'s objects)."""
+    return _compat.cache_global_swap(key_of)
+
+
+def cacheable_names(graph_module: torch.fx.GraphModule) -> list[str]:
+    """The graph's call targets we can describe, as AOTAutogradCache's allowlist names them."""
+    names = set()
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = f"{getattr(node.target, '__module__', None)}.{getattr(node.target, '__name__', None)}"
+        if key_of(node.target) is not None:
+            names.add(name)
+        names.update(f"{_compat.CA_OPS_MODULE}.{op}" for op in _compat.INLINED_CA_OPS.get(name, ()))
+    return sorted(names)
+
+
+def compile_kwargs(graph_module: torch.fx.GraphModule, backend: Any, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``torch.compile`` keywords for one CA graph (or split piece): the user's, plus our allowlist for inductor."""
+    if backend != "inductor" or "mode" in kwargs or not _compat.marked_cacheable_supported():
+        return kwargs
+    names = cacheable_names(graph_module)
+    if not names:
+        return kwargs
+    options = dict(kwargs.get("options") or {})
+    marked = {**_compat.marked_cacheable_functions(), **options.get(_compat.MARKED_CACHEABLE_OPTION, {})}
+    marked.update({name: "subclass_ca" for name in names if name not in marked})
+    options[_compat.MARKED_CACHEABLE_OPTION] = marked
+    return {**kwargs, "options": options}
+
+
+def uncacheable_reasons() -> dict[str, str]:
+    """What had no stable description in this process (its entries miss in other processes), and why."""
+    return dict(_uncacheable)

@@ -1,0 +1,134 @@
+"""torch's persistent compile caches: AOTAutogradCache's key pickler, its allowlist, the mega-cache API.
+
+Note [Warm start through torch's caches] in ``subclass_ca/_cacheable.py`` says what we do with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._lookup import lookup
+from ._patch import AttributeSwap
+
+__all__ = [
+    "CACHE_PICKLER",
+    "MARKED_CACHEABLE_OPTION",
+    "CA_OPS_MODULE",
+    "INLINED_CA_OPS",
+    "PROLOGUE_MODULE",
+    "PROLOGUE_NAME",
+    "cache_global_swap",
+    "marked_cacheable_supported",
+    "marked_cacheable_functions",
+    "ca_op_name",
+    "is_stable_prologue",
+    "prologue_inner",
+    "cache_counters",
+    "save_cache_artifacts",
+    "load_cache_artifacts",
+    "cache_dir",
+]
+
+CACHE_PICKLER = "torch._functorch._aot_autograd.autograd_cache:AOTAutogradCachePickler"
+"""Its ``_format_global_for_cache_key`` writes one import line per global of the graph into the key."""
+MARKED_CACHEABLE_OPTION = "unsafe_marked_cacheable_functions"
+"""``torch._inductor.config`` dict ``{"module.name": version}``: call targets AOTAutogradCache may cache."""
+CA_OPS_MODULE = "torch._dynamo.compiled_autograd.ops"
+"""The ``__module__`` compiled autograd gives its graph ops (not an importable module)."""
+INLINED_CA_OPS: dict[str, tuple[str, ...]] = {"torch._dynamo.external_utils.call_accumulate_grad": ("AccumulateGrad",)}
+"""CA graph targets that Dynamo inlines into calls of compiled autograd's ops (by op name)."""
+PROLOGUE_MODULE = "torch._dynamo.compiled_autograd"
+PROLOGUE_NAME = "call_aot_bwd_prologue"
+
+
+def cache_global_swap(key_of: Callable[[Any], str | None]) -> AttributeSwap:
+    """AOTAutogradCache's key line for a graph global: ``key_of(obj)`` where it answers, torch's otherwise.
+
+    torch writes an import statement per global, which fails for compiled autograd's ops (their
+    module does not exist) and for closures, so every CA graph bypasses the cache; ``key_of``
+    answers with a description of what the object does instead (never for anything else).
+    """
+
+    def make(original: Any) -> Any:
+        format_global = original.__func__ if isinstance(original, staticmethod) else original
+
+        def _format_global_for_cache_key(name: str, obj: Any) -> str:
+            key = key_of(obj)
+            if key is None:
+                return format_global(name, obj)
+            return f"# subclass_ca cacheable {name}: {key}"
+
+        _format_global_for_cache_key.__subclass_ca_original__ = format_global  # type: ignore[attr-defined]
+        return staticmethod(_format_global_for_cache_key)
+
+    return AttributeSwap(lambda: lookup(CACHE_PICKLER), "_format_global_for_cache_key", make)
+
+
+def marked_cacheable_supported() -> bool:
+    """Whether this torch has both hooks a CA graph needs to be cached (the allowlist and the key pickler)."""
+    try:
+        config = lookup("torch._inductor:config")
+        pickler = lookup(CACHE_PICKLER)
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(getattr(config, MARKED_CACHEABLE_OPTION, None), dict) and "_format_global_for_cache_key" in pickler.__dict__
+
+
+def marked_cacheable_functions() -> dict[str, str]:
+    """The allowlist as the user (or torch) left it; ours is added per compile through ``options``."""
+    return dict(getattr(lookup("torch._inductor:config"), MARKED_CACHEABLE_OPTION, {}))
+
+
+def ca_op_name(obj: Any) -> tuple[str, bool] | None:
+    """``(name, is_custom_function)`` for one of compiled autograd's graph ops, else None."""
+    if type(obj).__name__ != "Op" or getattr(obj, "__module__", None) != CA_OPS_MODULE:
+        return None
+    return obj.__name__, bool(getattr(obj, "is_custom_function", True))
+
+
+def is_stable_prologue(obj: Any) -> bool:
+    """An AOT backward prologue callable of compiled autograd's (a closure over the AOT function's prologue)."""
+    return (
+        getattr(obj, "__name__", None) == PROLOGUE_NAME
+        and getattr(obj, "__module__", None) == PROLOGUE_MODULE
+        and bool(getattr(obj, "__closure__", None))
+    )
+
+
+def prologue_inner(obj: Any) -> list[Any]:
+    """What a prologue closure closes over: the AOT function's generated prologue (its behaviour)."""
+    return [cell.cell_contents for cell in obj.__closure__]
+
+
+def cache_counters() -> dict[str, int]:
+    """AOTAutogradCache and FX graph cache counters of this process (hits, misses, bypasses, saves)."""
+    counters = torch._dynamo.utils.counters
+    names = {
+        "aot_hit": ("aot_autograd", "autograd_cache_hit"),
+        "aot_miss": ("aot_autograd", "autograd_cache_miss"),
+        "aot_bypass": ("aot_autograd", "autograd_cache_bypass"),
+        "aot_saved": ("aot_autograd", "autograd_cache_saved"),
+        "fx_hit": ("inductor", "fxgraph_cache_hit"),
+        "fx_miss": ("inductor", "fxgraph_cache_miss"),
+        "fx_bypass": ("inductor", "fxgraph_cache_bypass"),
+    }
+    return {name: int(counters[group][key]) for name, (group, key) in names.items()}
+
+
+def save_cache_artifacts() -> bytes | None:
+    """torch's mega-cache of every compile artifact this process saved or loaded (None: nothing)."""
+    saved = torch.compiler.save_cache_artifacts()
+    return None if saved is None else saved[0]
+
+
+def load_cache_artifacts(data: bytes) -> Any:
+    """Write artifacts from :func:`save_cache_artifacts` into this process's caches (before compiling)."""
+    return torch.compiler.load_cache_artifacts(data)
+
+
+def cache_dir() -> str:
+    """The folder torch's compile caches live in (``TORCHINDUCTOR_CACHE_DIR`` or its default)."""
+    return str(lookup("torch._inductor.runtime.cache_dir_utils:cache_dir")())

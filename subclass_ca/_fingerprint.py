@@ -1,0 +1,146 @@
+"""Stable descriptions of what a piece of code does, for keys of torch's persistent caches.
+
+A description is a string that is equal in two processes exactly when the described object
+behaves the same in both, as far as this module can tell (Note [Warm start through torch's
+caches] in ``_cacheable.py``).  Whatever cannot be described that way (an object whose only
+text is ``<... at 0x7f...>``, a tensor's values) raises :class:`Unstable`; the caller then keys
+by a per-process nonce, so the entry can miss across processes but never hits stale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import os
+import re
+import types
+from typing import Any
+
+import torch
+
+__all__ = ["Unstable", "describe", "digest", "package_digest"]
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
+_MAX_DEPTH = 12
+
+
+class Unstable(Exception):
+    """The object has no description that is stable across processes; the message says why."""
+
+
+def digest(*parts: str) -> str:
+    """A short hex digest of the given descriptions."""
+    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()
+
+
+@functools.cache
+def package_digest() -> str:
+    """subclass_ca's version and the digest of its own source: any change to our code is a new key."""
+    from . import __version__
+
+    root = os.path.dirname(os.path.abspath(__file__))
+    hasher = hashlib.blake2b(digest_size=12)
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "_tools", "testing"))
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            hasher.update(os.path.relpath(path, root).encode())
+            with open(path, "rb") as f:
+                hasher.update(f.read())
+    return f"subclass_ca {__version__} {hasher.hexdigest()}"
+
+
+def describe(obj: Any, *, depth: int = 0) -> str:
+    """A description of ``obj`` that two processes agree on when it behaves the same; else :class:`Unstable`."""
+    if depth > _MAX_DEPTH:
+        raise Unstable("nested too deeply to describe")
+    nested = functools.partial(describe, depth=depth + 1)
+    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+        return repr(obj)
+    if isinstance(obj, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return repr(obj)
+    if isinstance(obj, torch.Size):
+        return f"Size({', '.join(map(nested, obj))})"
+    if isinstance(obj, torch.SymInt | torch.SymFloat | torch.SymBool):
+        raise Unstable(f"a symbolic value ({obj!r})")
+    if isinstance(obj, torch.Tensor):
+        raise Unstable(f"a tensor ({type(obj).__qualname__}) whose values a description cannot hold")
+    if isinstance(obj, enum.Enum):
+        return f"{type(obj).__module__}.{type(obj).__qualname__}.{obj.name}"
+    if isinstance(obj, (tuple, list)):
+        open_, close = ("(", ")") if isinstance(obj, tuple) else ("[", "]")
+        return f"{type(obj).__qualname__}{open_}{', '.join(map(nested, obj))}{close}"
+    if isinstance(obj, (set, frozenset)):
+        return f"{type(obj).__qualname__}{{{', '.join(sorted(map(nested, obj)))}}}"
+    if isinstance(obj, dict):
+        items = sorted(f"{nested(k)}: {nested(v)}" for k, v in obj.items())
+        return f"dict{{{', '.join(items)}}}"
+    if isinstance(obj, types.ModuleType):
+        return f"module {obj.__name__}"
+    if isinstance(obj, type):
+        return describe_class(obj)
+    if isinstance(obj, functools.partial):
+        return f"partial({nested(obj.func)}, {nested(obj.args)}, {nested(obj.keywords)})"
+    if isinstance(obj, types.MethodType):
+        return f"method {nested(obj.__func__)} of {nested(obj.__self__)}"
+    if isinstance(obj, types.FunctionType):
+        return describe_function(obj, depth=depth)
+    if isinstance(obj, types.BuiltinFunctionType):
+        return f"builtin {getattr(obj, '__module__', None)}.{obj.__qualname__}"
+    if dataclasses.is_dataclass(obj):
+        fields = ", ".join(f"{f.name}={nested(getattr(obj, f.name))}" for f in dataclasses.fields(obj))
+        return f"{type(obj).__module__}.{type(obj).__qualname__}({fields})"
+    text = repr(obj)
+    if type(obj).__repr__ is object.__repr__ or _ADDRESS.search(text):
+        raise Unstable(f"a {type(obj).__qualname__} whose text names a memory address ({text[:80]})")
+    return f"{type(obj).__module__}.{type(obj).__qualname__} {text}"
+
+
+def describe_class(cls: type) -> str:
+    """A class by its name; a class outside torch also by the code of its flatten protocol."""
+    name = f"class {cls.__module__}.{cls.__qualname__}"
+    if cls.__module__.split(".")[0] in ("torch", "builtins"):
+        return name  # torch's own classes change only with torch, which is part of every key
+    protocol = [
+        describe_function(getattr(fn, "__func__", fn)) if isinstance(getattr(fn, "__func__", fn), types.FunctionType) else "-"
+        for fn in (cls.__dict__.get(m) for m in ("__tensor_flatten__", "__tensor_unflatten__", "__torch_dispatch__"))
+    ]
+    return f"{name} [{', '.join(protocol)}]"
+
+
+def describe_function(fn: types.FunctionType, *, depth: int = 0) -> str:
+    """A function by its code, the globals that code names and its closure's contents."""
+    parts = [f"function {fn.__module__}.{fn.__qualname__}", _describe_code(fn.__code__)]
+    module = fn.__module__ or ""
+    # a function of torch's or ours reads globals that change only with torch or with our code,
+    # both part of every key; generated code (AOT's prologues) and user code are described whole
+    ours = module.split(".")[0] in ("torch", "subclass_ca") and fn.__code__.co_filename.endswith(".py")
+    for name in () if ours else sorted(_global_names(fn.__code__)):
+        if name in fn.__globals__:
+            parts.append(f"{name}={describe(fn.__globals__[name], depth=depth + 1)}")
+    for cell in fn.__closure__ or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            contents = None
+        parts.append(describe(contents, depth=depth + 1))
+    if fn.__defaults__:
+        parts.append(describe(fn.__defaults__, depth=depth + 1))
+    if fn.__kwdefaults__:
+        parts.append(describe(fn.__kwdefaults__, depth=depth + 1))
+    return " ".join(parts)
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _describe_code(code: types.CodeType) -> str:
+    consts = [_describe_code(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts]
+    return digest(code.co_code.hex(), repr(consts), repr(code.co_names), repr(code.co_varnames))
