@@ -12,10 +12,12 @@ from . import handlers as _builtin_handlers  # noqa: F401  (registers the built-
 from . import diagnostics
 from ._compat import SUPPORTED_TORCH, TESTED_TORCH
 from .api import enable, reset
+from .cache import CacheFile, load_cache, save_cache
 from .config import Config
 from .diagnostics import CaptureReport, cache_stats, clear_reports, last_report, reports
 from .errors import (
     BackwardCompileError,
+    CacheFileError,
     CompiledOptimizerStepError,
     DuplicateHandlerError,
     FSDP2UnsupportedError,
@@ -38,6 +40,10 @@ __all__ = [
     "enable",
     "reset",
     "Config",
+    # warm start (Note [Warm start through torch's caches])
+    "save_cache",
+    "load_cache",
+    "CacheFile",
     # handlers
     "register_handler",
     "handler",
@@ -66,6 +72,7 @@ __all__ = [
     "GraphBreakError",
     "BackwardCompileError",
     "CompiledOptimizerStepError",
+    "CacheFileError",
     # versions
     "SUPPORTED_TORCH",
     "TESTED_TORCH",

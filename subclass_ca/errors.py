@@ -68,3 +68,7 @@ class BackwardCompileError(SubclassCAError):
 
 class CompiledOptimizerStepError(SubclassCAError):
     """A ``torch.compile``-d optimizer step over plain parameters with subclass gradients, on a torch that computes it wrong."""
+
+
+class CacheFileError(SubclassCAError):
+    """A compile-cache file (``save_cache``/``load_cache``) is corrupt, not ours, or from another torch / subclass_ca."""

@@ -1,0 +1,81 @@
+"""One training step in a fresh process, for the warm-start tests (``python tests/cache_worker.py '<json settings>'``).
+
+Prints one JSON line: the cache counters of the backward alone (the CA graph's compile),
+the gradients as exact float lists, and eager's gradients computed in the same process.
+``TORCHINDUCTOR_CACHE_DIR`` is set by the caller.  Settings (all optional):
+``dtype``, ``batch``, ``subclass`` ("pair" | "tagged"), ``tag``, ``handler`` ("default" | "custom"),
+``torch_version`` / ``package`` (pretend another torch / subclass_ca build), ``load`` / ``save``
+(a subclass_ca cache file read before the step / written after it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+import subclass_ca
+from subclass_ca import _cacheable, _compat, cache
+from subclass_ca.testing.subclasses import PairTensor, TaggedTensor
+
+
+def _inner(t: torch.Tensor) -> list[float]:
+    if isinstance(t, PairTensor):
+        return _inner(t.a) + _inner(t.b)
+    if isinstance(t, TaggedTensor):
+        return _inner(t.elem)
+    return t.detach().double().flatten().tolist()
+
+
+def _custom_rebuild(inner, ctx, outer_size, outer_stride):
+    return PairTensor(inner["a"], inner["b"])  # the same tensor as the protocol rebuild, by other code
+
+
+def main(settings: dict) -> dict:
+    if settings.get("torch_version"):
+        torch.__version__ = settings["torch_version"]  # type: ignore[misc]
+    if settings.get("package"):
+        for module in (_cacheable, cache):  # every reader of our build's digest
+            module.package_digest = lambda: settings["package"]  # type: ignore[attr-defined]
+    if settings.get("handler") == "custom":
+        subclass_ca.register_handler(PairTensor, rebuild=_custom_rebuild)
+    loaded = subclass_ca.load_cache(settings["load"]) if settings.get("load") else None
+    torch.manual_seed(0)
+    dtype = getattr(torch, settings.get("dtype", "float32"))
+    batch = int(settings.get("batch", 8))
+    dense = [torch.randn(16, 16, dtype=dtype) for _ in range(2)]
+    x = torch.randn(batch, 16, dtype=dtype)
+    if settings.get("subclass", "pair") == "pair":
+        wrap = lambda t: PairTensor(t.clone(), t * 2.0)  # noqa: E731
+    else:
+        wrap = lambda t: TaggedTensor(t.clone(), settings.get("tag", "a"))  # noqa: E731
+
+    def forward(params, inputs):
+        h = inputs
+        for w in params:
+            h = (h @ w).tanh()
+        return h.sum()
+
+    eager = [torch.nn.Parameter(wrap(t)) for t in dense]
+    forward(eager, wrap(x)).backward()
+    params = [torch.nn.Parameter(wrap(t)) for t in dense]
+    step = torch.compile(forward, backend="inductor")
+    loss = step(params, wrap(x))
+    before = _compat.cache_counters()
+    with subclass_ca.enable(backend="inductor"):
+        loss.backward()
+    after = _compat.cache_counters()
+    saved = subclass_ca.save_cache(settings["save"]).artifact_bytes if settings.get("save") else None
+    return {
+        "ca": {k: after[k] - before[k] for k in after},
+        "grads": [_inner(p.grad) for p in params],
+        "grad_types": [type(p.grad).__name__ for p in params],
+        "eager": [_inner(p.grad) for p in eager],
+        "loaded": loaded is not None,
+        "saved_bytes": saved,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
