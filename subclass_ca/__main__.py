@@ -1,4 +1,4 @@
-"""``python -m subclass_ca {demo,check,bench,fsdp2,fsdp2-profile,fsdp2-cost,versions}``: each subcommand lives in its own module."""
+"""``python -m subclass_ca {demo,check,bench,fsdp2,fsdp2-profile,fsdp2-cost,versions,gpu-check}``: each subcommand lives in its own module."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ _COMMANDS = {
     "fsdp2-profile": ("subclass_ca._tools.fsdp2_profile", "FSDP2 backward under torch.profiler: where the reduce-scatters run, eager vs subclass_ca"),
     "fsdp2-cost": ("subclass_ca._tools.fsdp2_cost", "FSDP2 backward time: compiled autograd itself vs compiling its pieces, against eager FSDP2"),
     "versions": ("subclass_ca._tools.support_table", "support table: run one torch lane (run) or merge lanes (render)"),
+    "gpu-check": ("subclass_ca._tools.gpu_check", "verify the library on one CUDA GPU (tests, demo, bench, FSDP2); --dry-run without one"),
 }
 
 

@@ -1,0 +1,661 @@
+"""``python -m subclass_ca gpu-check``: verify the library on one CUDA GPU with one prepared command.
+
+``make gpu-check`` runs it (docs/gpu.md).  The steps, cheapest and most important first, each
+a subprocess of this interpreter with its own timeout, all under one budget (``--budget-s``,
+default 480 s); a step that would start with less budget left than it usually needs is
+recorded as skipped for budget, never dropped:
+
+1. ``env``: torch, CUDA, the device, its capability and memory, ``nvidia-smi`` -> ``env.json``;
+2. ``pytest-cuda``: every ``-m "cuda and not inductor"`` test (the ``device`` fixture's CUDA
+   param, tests/conftest.py) -> ``junit-cuda.xml``;
+3. ``pytest-cuda-inductor``: the ``-m "cuda and inductor"`` tests -> ``junit-cuda-inductor.xml``;
+4. ``demo``: ``python -m subclass_ca demo --device cuda --quick``;
+5. ``bench``: the bench's transformer-block rows on CUDA (eager / compile / stock CA / subclass_ca, inductor);
+6. ``fsdp2``: FSDP2 on one GPU (NCCL, world 1), TwoTensor weights, bitwise against eager FSDP2;
+7. ``fsdp2-profile``: the CUDA profile of one FSDP2 backward, eager vs subclass_ca: where the
+   reduce-scatters run and how much of their kernels overlaps compute.
+
+Before any step but ``env`` the interpreter must have a torch in subclass_ca's range, CUDA and
+pytest; otherwise the check stops at once and says what it found and how to provide it.
+Everything goes into ``--out`` (default ``gpu-check-out/``), seven files at most (the lent
+device returns eight): ``gpu_check.json`` (every step: command, rc, wall seconds, status,
+reason, figures), ``summary.md`` (committable as ``benchmarks/GPU.md``), ``gpu_check.log``
+(every step's output, in order), ``env.json``, the two JUnit files and ``artifacts.tar.gz``
+(what demo, bench and the FSDP2 steps wrote).  Exit status: 0 when no step failed, 1 when one
+failed or timed out, 2 when the interpreter was refused.
+
+``--dry-run`` needs no CUDA and takes seconds: it builds the plan, parses every step's
+arguments with that subcommand's own parser, collects each pytest step's tests
+(``--collect-only``; none, or none from an expected file, is a failure), checks the torch-range
+logic and prints the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import importlib.util
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .._compat import SUPPORTED_TORCH, TESTED_TORCH
+
+__all__ = [
+    "STATUSES", "Refused", "Step", "Outcome", "release", "torch_bounds", "check_torch", "preflight", "plan",
+    "check_step", "dry_run", "run_steps", "run_check", "summary_markdown", "environment", "write_environment", "main",
+]
+
+COMMAND = "python -m subclass_ca gpu-check"
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout: the pytest steps run its ``tests/``, every step runs here."""
+DEFAULT_BUDGET_S = 480.0
+DEFAULT_OUT = "gpu-check-out"
+STATUSES: tuple[str, ...] = ("passed", "failed", "timed-out", "skipped")
+REPORT_FILES: tuple[str, ...] = ("gpu_check.json", "summary.md", "gpu_check.log")
+ARTIFACTS = "artifacts.tar.gz"
+WORK = "work"
+"""Subfolder of the outputs that demo, bench and the FSDP2 steps write into; packed into ``ARTIFACTS``."""
+
+
+# --- the interpreter ---------------------------------------------------------------
+
+
+class Refused(RuntimeError):
+    """This interpreter cannot run the check (torch outside the range, no CUDA, no pytest); the message says what to provide."""
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The release numbers of a torch version: ``"2.11.0+cu130"`` -> ``(2, 11, 0)``, ``"2.16.0.dev20250101"`` -> ``(2, 16, 0)``."""
+    match = re.match(r"\d+(\.\d+)*", version.strip())
+    if not match:
+        raise ValueError(f"not a torch version: {version!r}")
+    return tuple(int(part) for part in match.group(0).split("."))
+
+
+def torch_bounds(spec: str = SUPPORTED_TORCH) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``">=2.13,<2.16"`` -> ``((2, 13), (2, 16))``: the only form pyproject.toml uses."""
+    bounds: dict[str, tuple[int, ...]] = {}
+    for clause in spec.split(","):
+        match = re.fullmatch(r"\s*(>=|<)\s*(\d+(?:\.\d+)*)\s*", clause)
+        if not match or match.group(1) in bounds:
+            raise ValueError(f"torch range {spec!r}: expected '>=A.B,<C.D'")
+        bounds[match.group(1)] = release(match.group(2))
+    if set(bounds) != {">=", "<"}:
+        raise ValueError(f"torch range {spec!r}: expected '>=A.B,<C.D'")
+    return bounds[">="], bounds["<"]
+
+
+def check_torch(version: str, *, python: str = sys.executable, spec: str = SUPPORTED_TORCH) -> None:
+    """Raise :class:`Refused` unless ``version`` lies in ``spec``, naming the torch found, the range and how to provide one."""
+    lower, upper = torch_bounds(spec)
+    if lower <= release(version) < upper:
+        return
+    wanted = ", ".join(TESTED_TORCH[:-1]) + " or " + TESTED_TORCH[-1]
+    raise Refused(
+        f"{python} has torch {version}, outside the range subclass_ca supports (torch{spec}, pyproject.toml): every "
+        f"CUDA test would fail, so none is run. Provide an interpreter with a CUDA build of torch {wanted}: "
+        "`make gpu-check` makes .venv-cuda from the public package index (needs network), or "
+        "`make gpu-check GPU_PYTHON=/path/to/venv/bin/python` uses one that has it."
+    )
+
+
+def preflight() -> None:
+    """Raise :class:`Refused` unless this interpreter can run the steps: a torch in range, CUDA, pytest."""
+    import torch
+
+    check_torch(torch.__version__)
+    if not torch.cuda.is_available():
+        raise Refused(
+            f"{sys.executable} has torch {torch.__version__} (CUDA {torch.version.cuda}) but torch.cuda.is_available() is "
+            "False: run this on a machine with an NVIDIA GPU and a CUDA build of torch, or pass --dry-run to check "
+            "the script itself without one."
+        )
+    if importlib.util.find_spec("pytest") is None:
+        raise Refused(f"{sys.executable} has no pytest: install the test extra there (pip install -e '.[test,demo,torchao]').")
+
+
+# --- the plan ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Step:
+    """One subprocess of the check: ``python *argv`` from the checkout, bounded by ``timeout_s``."""
+
+    name: str
+    what: str
+    """One line: what the step verifies."""
+    argv: tuple[str, ...]
+    """After the interpreter: ``("-m", "subclass_ca", SUBCOMMAND, ...)``, ``("-m", "pytest", ...)`` or ``("-c", CODE)``."""
+    expect_s: float
+    """What it usually takes on one H200-class GPU; it starts only with at least this much budget left."""
+    timeout_s: float
+    expect_tests: tuple[str, ...] = ()
+    """pytest steps: test files that must each contribute at least one collected test (checked by --dry-run)."""
+    figures: Callable[[], dict[str, Any]] | None = None
+    """Reads the step's key figures from what it wrote (after it ran, passed or not)."""
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", self.name):
+            raise ValueError(f"Step.name must be lower-case letters, digits and '-', got {self.name!r}")
+        if not self.argv or not all(isinstance(a, str) for a in self.argv):
+            raise ValueError(f"Step {self.name}: argv must be a non-empty tuple of strings, got {self.argv!r}")
+        if not 0 < self.expect_s <= self.timeout_s:
+            raise ValueError(f"Step {self.name}: need 0 < expect_s <= timeout_s, got {self.expect_s} and {self.timeout_s}")
+
+    def command(self, python: str) -> list[str]:
+        return [python, *self.argv]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What one step did."""
+
+    step: str
+    command: str
+    status: str
+    rc: int | None = None
+    wall_s: float = 0.0
+    reason: str = ""
+    figures: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"Outcome {self.step}: status {self.status!r}, allowed values are {STATUSES}")
+
+
+def _pytest(marker: str, junit: Path) -> tuple[str, ...]:
+    return ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", "-m", marker, f"--junitxml={junit}", "tests")
+
+
+def plan(out: Path) -> tuple[Step, ...]:
+    """The steps, in order, writing under ``out`` (absolute paths: the steps run from the checkout)."""
+    out, work = out.resolve(), out.resolve() / WORK
+    sub = ("-m", "subclass_ca")
+    return (
+        Step(name="env", what="torch, CUDA, device, capability, memory, nvidia-smi -> env.json", expect_s=10, timeout_s=60,
+             argv=("-c", f"from subclass_ca._tools.gpu_check import write_environment; write_environment({json.dumps(str(out / 'env.json'))})"),
+             figures=lambda: _env_figures(out / "env.json")),
+        Step(name="pytest-cuda", what="the CUDA tests without inductor (capture, accumulation, hooks, train step, "
+             "registry, NF4, DTensor world 1, memory, demo)", expect_s=60, timeout_s=180,
+             argv=_pytest("cuda and not inductor", out / "junit-cuda.xml"),
+             expect_tests=("tests/test_capture.py", "tests/test_accumulate.py", "tests/test_registry.py",
+                           "tests/regressions/test_beyond_stock_hook_intermediate.py",
+                           "tests/regressions/test_compiled_train_step.py", "tests/handlers/test_torchao.py",
+                           "tests/handlers/test_dtensor.py"),
+             figures=lambda: _junit_figures(out / "junit-cuda.xml")),
+        Step(name="pytest-cuda-inductor", what="the CUDA tests on inductor (capture, hooks, handler modes)",
+             expect_s=90, timeout_s=200, argv=_pytest("cuda and inductor", out / "junit-cuda-inductor.xml"),
+             expect_tests=("tests/test_capture.py", "tests/test_modes.py",
+                           "tests/regressions/test_beyond_stock_hook_intermediate.py"),
+             figures=lambda: _junit_figures(out / "junit-cuda-inductor.xml")),
+        Step(name="demo", what="the demo's models in four modes on CUDA (inductor), subclass_ca vs eager",
+             expect_s=60, timeout_s=150, argv=(*sub, "demo", "--device", "cuda", "--quick", "--no-progress", "--out", str(work / "demo")),
+             figures=lambda: _demo_figures(work / "demo" / "results.json")),
+        Step(name="bench", what="transformer-block rows on CUDA: eager / compile / stock CA / subclass_ca, inductor",
+             expect_s=100, timeout_s=200,
+             argv=(*sub, "bench", "--device", "cuda", "--models", "block_int8_lora", "block_pair", "block_nf4",
+                   "--realistic-sizes", "medium", "--backends", "inductor", "--strict-backends", "--realistic-reps", "5",
+                   "--realistic-block", "3", "--realistic-cold-reps", "1", "--warmup", "2", "--recaptures", "0",
+                   "--soak-steps", "0", "--no-plot", "--no-progress", "--out-dir", str(work / "bench")),
+             figures=lambda: _bench_figures(work / "bench" / "results.json")),
+        Step(name="fsdp2", what="FSDP2 on one GPU (NCCL, world 1), TwoTensor weights, each mode bitwise vs eager FSDP2",
+             expect_s=30, timeout_s=120,
+             argv=(*sub, "fsdp2", "--nproc", "1", "--device", "cuda", "--params", "two_tensor",
+                   "--fsdp2-modes", "eager,compile,subclass_ca", "--fsdp2-steps", "3", "--timeout", "110",
+                   "--json", str(work / "fsdp2.json")),
+             figures=lambda: _fsdp2_figures(work / "fsdp2.json")),
+        Step(name="fsdp2-profile", what="CUDA profile of one FSDP2 backward (2 TwoTensor blocks): reduce-scatter "
+             "placement and kernel overlap, eager vs subclass_ca", expect_s=30, timeout_s=120,
+             argv=(*sub, "fsdp2-profile", "--nproc", "1", "--device", "cuda", "--model", "block_two_tensor",
+                   "--steps", "3", "--timeout", "110", "--trace-dir", str(work / "traces"),
+                   "--json", str(work / "fsdp2_profile.json")),
+             figures=lambda: _profile_figures(work / "fsdp2_profile.json")),
+    )
+
+
+# --- key figures (read from what each step wrote) -----------------------------------------
+
+
+def _env_figures(path: Path) -> dict[str, Any]:
+    env = json.loads(path.read_text())
+    keys = ("device", "capability", "memory_gib", "torch", "torch_cuda")
+    return {key: env[key] for key in keys if env.get(key) is not None}
+
+
+def _junit_figures(path: Path) -> dict[str, Any]:
+    root = ElementTree.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    count = {key: sum(int(suite.get(key, 0)) for suite in suites) for key in ("tests", "failures", "errors", "skipped")}
+    failed = count["failures"] + count["errors"]
+    return {"passed": count["tests"] - failed - count["skipped"], "failed": failed, "skipped": count["skipped"]}
+
+
+def _demo_figures(path: Path) -> dict[str, Any]:
+    results = json.loads(path.read_text())
+    figures: dict[str, Any] = {"matches eager": results["ok"]}
+    for model, entry in results["models"].items():
+        ours = entry["modes"].get("subclass_ca", {})
+        if ours.get("speedup_vs_eager"):
+            figures[model] = f"subclass_ca {ours['speedup_vs_eager']:.2f}x eager"
+    return figures
+
+
+def _bench_figures(path: Path) -> dict[str, Any]:
+    rows: dict[str, dict[str, float]] = {}
+    for row in json.loads(path.read_text())["rows"]:
+        rows.setdefault(f"{row['model']}/{row['size']} ms", {})[row["mode"]] = row["median"]
+    return {label: " / ".join(f"{mode} {ms:.2f}" for mode, ms in modes.items()) for label, modes in rows.items()}
+
+
+def _fsdp2_figures(path: Path) -> dict[str, Any]:
+    summary = json.loads(path.read_text())
+    figures: dict[str, Any] = {"ok": summary["ok"]}
+    for mode, entry in summary["modes"].items():
+        if "error" in entry:
+            figures[mode] = entry["error"][:80]
+        else:
+            same = {True: "bitwise = eager FSDP2", False: "differs from eager FSDP2", None: ""}[entry["bitwise_equal_to_eager"]]
+            figures[mode] = f"{entry['median_step_ms']:.2f} ms/step {same}".strip()
+    return figures
+
+
+def _profile_figures(path: Path) -> dict[str, Any]:
+    summary = json.loads(path.read_text())
+    figures: dict[str, Any] = {"same schedule": summary["same_schedule"]}
+    for mode, schedule in summary["modes"].items():
+        overlap = (schedule.get("gpu") or {}).get("rs_overlap_fraction")
+        figures[mode] = f"backward {schedule['backward_us'] / 1e3:.2f} ms" + (
+            "" if overlap is None else f", reduce-scatter kernels {overlap:.0%} overlapped")
+    return figures
+
+
+# --- the dry run ---------------------------------------------------------------------
+
+
+def _demo_args(args: list[str]) -> None:
+    from . import demo
+
+    demo._parser().parse_args(args)
+
+
+def _bench_args(args: list[str]) -> None:
+    from . import bench
+
+    bench.settings_from_args(args)
+
+
+def _fsdp2_args(args: list[str]) -> None:
+    from . import fsdp2_parity
+
+    namespace = fsdp2_parity._parser().parse_args(args)
+    fsdp2_parity.run_config(namespace, backend=namespace.backend)
+
+
+def _profile_args(args: list[str]) -> None:
+    from . import fsdp2_profile
+
+    fsdp2_profile._run_from_args(fsdp2_profile._parser().parse_args(args))
+
+
+VALIDATORS: dict[str, Callable[[list[str]], None]] = {
+    "demo": _demo_args, "bench": _bench_args, "fsdp2": _fsdp2_args, "fsdp2-profile": _profile_args,
+}
+"""Subcommand -> parses (and validates, without running) its arguments with that subcommand's own parser."""
+
+
+def _parses(step: Step) -> tuple[str, list[str]]:
+    command, args = step.argv[2], list(step.argv[3:])
+    if command not in VALIDATORS:
+        return "", [f"step {step.name}: no argument check for subcommand {command!r} (known: {sorted(VALIDATORS)})"]
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            VALIDATORS[command](args)
+    except SystemExit:
+        lines = [line for line in captured.getvalue().splitlines() if line.strip()]
+        return "", [f"step {step.name}: `python -m subclass_ca {command}` rejects its arguments: "
+                    f"{lines[-1] if lines else 'argparse exited'}"]
+    except ValueError as error:
+        return "", [f"step {step.name}: `python -m subclass_ca {command}` rejects its arguments: {error}"]
+    return f"arguments parse with `{command}`'s own parser", []
+
+
+def _collects(step: Step, python: str) -> tuple[str, list[str]]:
+    argv = [python, *(a for a in step.argv if not a.startswith("--junitxml")), "--collect-only"]
+    missing = [f"step {step.name}: expected test file {path} is missing" for path in step.expect_tests if not (ROOT / path).is_file()]
+    try:
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "", [*missing, f"step {step.name}: pytest --collect-only took over 120 s"]
+    collected = [line.split("::")[0] for line in done.stdout.splitlines() if "::" in line]
+    problems = list(missing)
+    if done.returncode != 0 or not collected:
+        tail = (done.stdout.strip().splitlines() or done.stderr.strip().splitlines() or ["no output"])[-1]
+        problems.append(f"step {step.name}: pytest --collect-only collected {len(collected)} tests (exit {done.returncode}): {tail}")
+    problems += [f"step {step.name}: no test collected from {path} (its CUDA params or marks are gone?)"
+                 for path in step.expect_tests if (ROOT / path).is_file() and path not in collected]
+    return f"{len(collected)} tests collected from {len(set(collected))} files", problems
+
+
+def check_step(step: Step, python: str = sys.executable) -> tuple[str, list[str]]:
+    """What --dry-run checked of ``step`` (one line) and the problems found (empty: none)."""
+    if step.argv[:2] == ("-m", "subclass_ca") and len(step.argv) > 2:
+        return _parses(step)
+    if step.argv[:2] == ("-m", "pytest"):
+        return _collects(step, python)
+    if step.argv[0] == "-c":
+        try:
+            compile(step.argv[1], step.name, "exec")
+        except (SyntaxError, IndexError) as error:
+            return "", [f"step {step.name}: its python -c code does not compile: {error}"]
+        return "its code compiles", []
+    return "", [f"step {step.name}: nothing to check it with (argv {step.argv[:2]!r})"]
+
+
+def _torch_logic_problems() -> tuple[str, list[str]]:
+    """The range check against known answers: what a real run's up-front refusal relies on."""
+    admitted, refused = ("2.13.0", "2.14.1+cu126", "2.15.0+cu128"), ("2.11.0+cu130", "2.12.1", "2.16.0", "3.0.0")
+    problems = []
+    for version in admitted:
+        with contextlib.suppress(Refused):
+            check_torch(version)
+            continue
+        problems.append(f"torch range: {version} refused, but {SUPPORTED_TORCH} admits it")
+    for version in refused:
+        try:
+            check_torch(version)
+        except Refused as error:
+            if version not in str(error) or SUPPORTED_TORCH not in str(error) or "GPU_PYTHON" not in str(error):
+                problems.append(f"torch range: the refusal of {version} does not name the torch, the range and GPU_PYTHON")
+        else:
+            problems.append(f"torch range: {version} admitted, but {SUPPORTED_TORCH} excludes it")
+    return f"torch{SUPPORTED_TORCH} admits {', '.join(admitted)}; refuses {', '.join(refused)}", problems
+
+
+def dry_run(steps: Sequence[Step], *, budget_s: float = DEFAULT_BUDGET_S, python: str = sys.executable,
+            echo: Callable[[str], None] = print) -> list[str]:
+    """Check the plan without CUDA: every step, the budget and the torch-range logic; print a line each; return the problems."""
+    problems: list[str] = []
+    checks = [(step.name, *check_step(step, python)) for step in steps]
+    checks.append(("torch range", *_torch_logic_problems()))
+    expected = sum(step.expect_s for step in steps)
+    checks.append(("budget", f"the steps usually need {expected:.0f} s of {budget_s:.0f} s",
+                   [] if expected <= budget_s else [f"budget: the steps usually need {expected:.0f} s, more than --budget-s {budget_s:.0f}"]))
+    for name, checked, found in checks:
+        echo(f"  {'ok  ' if not found else 'FAIL'} {name}: {checked or 'not checked'}")
+        for problem in found:
+            echo(f"       {problem}")
+        problems += found
+    import torch
+
+    try:
+        check_torch(torch.__version__)
+        verdict = "in range"
+    except Refused:
+        verdict = "OUT of range: a real run would stop here"
+    cuda = "CUDA available" if torch.cuda.is_available() else "no CUDA: a real run would stop before the tests"
+    echo(f"  this interpreter: {sys.executable}, torch {torch.__version__} ({verdict}), {cuda}")
+    return problems
+
+
+# --- running -------------------------------------------------------------------------------
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """End the step's whole process group (launched ranks, compile workers), politely first."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(grace)
+            return
+
+
+def _run_one(step: Step, *, python: str, timeout_s: float, log: Path, clock: Callable[[], float]) -> Outcome:
+    command = step.command(python)
+    with log.open("a") as handle:
+        handle.write(f"\n===== {step.name}: {shlex.join(command)}  (timeout {timeout_s:.0f} s)\n")
+        handle.flush()
+        start = clock()
+        try:
+            process = subprocess.Popen(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        except OSError as error:
+            return Outcome(step=step.name, command=shlex.join(command), status="failed", reason=f"could not start: {error}")
+        try:
+            rc: int | None = process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(process)
+            rc = None
+        wall = clock() - start
+        handle.write(f"===== {step.name}: {'timed out' if rc is None else f'exit {rc}'} after {wall:.1f} s\n")
+    status = "timed-out" if rc is None else "passed" if rc == 0 else "failed"
+    reason = f"stopped after {timeout_s:.0f} s" if rc is None else "" if rc == 0 else f"exit status {rc} (see gpu_check.log)"
+    figures: dict[str, Any] = {}
+    if step.figures is not None:
+        try:
+            figures = step.figures()
+        except Exception as error:  # noqa: BLE001 - a missing figure is a note, the status stands
+            figures = {"figures": f"not read ({type(error).__name__}: {error})"[:160]}
+    return Outcome(step=step.name, command=shlex.join(command), status=status, rc=rc, wall_s=round(wall, 1),
+                   reason=reason, figures=figures)
+
+
+def run_steps(steps: Sequence[Step], *, python: str, log: Path, budget_s: float, spent_s: float = 0.0,
+              clock: Callable[[], float] = time.monotonic, echo: Callable[[str], None] = print) -> list[Outcome]:
+    """Run ``steps`` in order under one budget (``spent_s`` of it already gone); a step that would start with
+    less than its ``expect_s`` left is skipped for budget, and runs at most until the budget ends."""
+    deadline = clock() + budget_s - spent_s
+    outcomes = []
+    for index, step in enumerate(steps, 1):
+        left = deadline - clock()
+        if left < step.expect_s:
+            outcomes.append(Outcome(step=step.name, command=shlex.join(step.command(python)), status="skipped",
+                                    reason=f"budget: {max(left, 0):.0f} s of {budget_s:.0f} s left, it usually needs {step.expect_s:.0f} s"))
+        else:
+            echo(f"gpu-check [{index}/{len(steps)}] {step.name}: {step.what}")
+            outcomes.append(_run_one(step, python=python, timeout_s=min(step.timeout_s, left), log=log, clock=clock))
+        echo(f"gpu-check [{index}/{len(steps)}] {_screen_line(dataclasses.asdict(outcomes[-1]))}")
+    return outcomes
+
+
+# --- reports ---------------------------------------------------------------------------------
+
+
+def _figure_text(figures: dict[str, Any]) -> str:
+    return "; ".join(f"{key} {f'{value:g}' if isinstance(value, float) else value}" for key, value in figures.items())
+
+
+def _detail(outcome: dict[str, Any]) -> str:
+    return "; ".join(part for part in (outcome["reason"], _figure_text(outcome["figures"])) if part)
+
+
+def _screen_line(outcome: dict[str, Any]) -> str:
+    return f"{outcome['step']:21s} {outcome['status']:9s} {outcome['wall_s']:6.1f} s  {_detail(outcome)}"[:160]
+
+
+def summary_markdown(record: dict[str, Any]) -> str:
+    """The short markdown summary (``summary.md``; commit it as ``benchmarks/GPU.md``)."""
+    env = record.get("env") or {}
+    device = env.get("device") or "no CUDA device"
+    where = (f"{device} (capability {env.get('capability', '?')}, {env.get('memory_gib', '?')} GiB)" if env.get("device") else device)
+    lines = [
+        "# GPU check",
+        "",
+        f"`{record['command']}` on {where}, torch {env.get('torch', record['torch'])} (CUDA {env.get('torch_cuda') or 'none'}), "
+        f"Python {env.get('python', '?')}, {record['date']}: **{record['status']}**"
+        + (f" ({record['reason']})" if record["reason"] else "") + f"; {record['wall_s']:.0f} s of a {record['budget_s']:.0f} s budget.",
+        "",
+        "| step | verdict | wall s | figures |",
+        "|---|---|---:|---|",
+    ]
+    for outcome in record["steps"]:
+        lines.append(f"| {outcome['step']} | {outcome['status']} | {outcome['wall_s']:.1f} | {_detail(outcome).replace('|', '/')} |")
+    lines += ["", "Commands (from the checkout; every step's output is in `gpu_check.log`):", ""]
+    lines += [f"* {outcome['step']}: `{outcome['command']}`" for outcome in record["steps"]]
+    return "\n".join(lines) + "\n"
+
+
+def _pack(work: Path, archive: Path) -> None:
+    if work.is_dir() and any(work.iterdir()):
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(work, arcname=WORK)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def run_check(steps: Sequence[Step], *, out: Path, python: str = sys.executable, budget_s: float = DEFAULT_BUDGET_S,
+              spent_s: float = 0.0, refused: str = "", command: str = COMMAND,
+              echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the steps (only ``env`` when ``refused`` says why not), write the reports into ``out``; return the record."""
+    import torch
+
+    start = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    for path in (*(out / name for name in (*REPORT_FILES, ARTIFACTS, "env.json")), *out.glob("junit-*.xml")):
+        path.unlink(missing_ok=True)  # ours from an earlier run; nothing else in ``out`` is touched (it may be the device's $OUT)
+    shutil.rmtree(out / WORK, ignore_errors=True)
+    log = out / "gpu_check.log"
+    log.write_text(f"{command}: refused: {refused}\n" if refused else "")
+    runnable = [step for step in steps if not refused or step.name == "env"]
+    outcomes = {o.step: o for o in run_steps(runnable, python=python, log=log, budget_s=budget_s, spent_s=spent_s, echo=echo)}
+    for step in steps:
+        outcomes.setdefault(step.name, Outcome(step=step.name, command=shlex.join(step.command(python)), status="skipped",
+                                               reason="not run: the interpreter was refused (see the summary)"))
+    _pack(out / WORK, out / ARTIFACTS)
+    ordered = [outcomes[step.name] for step in steps]
+    failed = [o.step for o in ordered if o.status in ("failed", "timed-out")]
+    env_path = out / "env.json"
+    record = {
+        "command": command,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": python,
+        "torch": torch.__version__,
+        "supported_torch": SUPPORTED_TORCH,
+        "status": "refused" if refused else "failed" if failed else "passed",
+        "reason": refused or (f"failed: {', '.join(failed)}" if failed else ""),
+        "budget_s": budget_s,
+        "wall_s": round(spent_s + time.monotonic() - start, 1),
+        "env": json.loads(env_path.read_text()) if env_path.is_file() else None,
+        "steps": [{**dataclasses.asdict(o), "what": s.what, "timeout_s": s.timeout_s} for o, s in zip(ordered, steps)],
+    }
+    (out / "gpu_check.json").write_text(json.dumps(record, indent=2) + "\n")
+    (out / "summary.md").write_text(summary_markdown(record))
+    record["files"] = sorted(path.name for path in out.iterdir() if path.is_file())
+    return record
+
+
+# --- the environment step -------------------------------------------------------------------
+
+
+def environment() -> dict[str, Any]:
+    """What this interpreter's torch sees: versions, CUDA, the device and ``nvidia-smi``'s report (works without CUDA)."""
+    import platform
+
+    import torch
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(), "executable": sys.executable, "platform": platform.platform(),
+        "torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+    }
+    if env["cuda_available"]:
+        props = torch.cuda.get_device_properties(0)
+        env.update(device=props.name, device_count=torch.cuda.device_count(),
+                   capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+                   memory_gib=round(props.total_memory / 2**30, 1),
+                   nccl=".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None)
+    smi = shutil.which("nvidia-smi")
+    env["nvidia_smi"] = None
+    if smi:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            env["nvidia_smi"] = subprocess.run([smi], capture_output=True, text=True, timeout=30).stdout
+    return env
+
+
+def write_environment(path: str) -> None:
+    """The ``env`` step: :func:`environment` into ``path`` and, without ``nvidia-smi``'s table, to stdout."""
+    env = environment()
+    Path(path).write_text(json.dumps(env, indent=2) + "\n")
+    print(json.dumps({key: value for key, value in env.items() if key != "nvidia_smi"}, indent=1))
+    print(env["nvidia_smi"] or "nvidia-smi: not found")
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"folder of the results (default {DEFAULT_OUT}/; may be the device's $OUT)")
+    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                        help=f"seconds for every step together (default {DEFAULT_BUDGET_S:.0f})")
+    parser.add_argument("--started-at", type=float, metavar="UNIX_TIME",
+                        help="count the budget from this time (make gpu-check passes its start: creating .venv-cuda counts)")
+    parser.add_argument("--steps", help="comma-separated subset of the steps, in plan order (default: all)")
+    parser.add_argument("--dry-run", action="store_true", help="no CUDA needed: check the plan, the arguments, the tests and the "
+                        "torch-range logic, print the plan, run nothing")
+    return parser
+
+
+def _print_plan(steps: Sequence[Step], *, budget_s: float, out: Path, echo: Callable[[str], None] = print) -> None:
+    echo(f"gpu-check plan: {len(steps)} steps, they usually need {sum(s.expect_s for s in steps):.0f} s on one "
+         f"H200-class GPU; budget {budget_s:.0f} s; results in {out}/")
+    for index, step in enumerate(steps, 1):
+        echo(f"  {index}. {step.name} (~{step.expect_s:.0f} s, timeout {step.timeout_s:.0f} s): {step.what}")
+        echo(f"       python {shlex.join(step.argv)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    out = Path(args.out)
+    steps = plan(out)
+    if args.steps:
+        names = [name.strip() for name in args.steps.split(",") if name.strip()]
+        unknown = [name for name in names if name not in {step.name for step in steps}]
+        if unknown or not names:
+            print(f"{COMMAND}: --steps: unknown {unknown or 'nothing'}; the steps are {[s.name for s in steps]}", file=sys.stderr)
+            return 2
+        steps = tuple(step for step in steps if step.name in names)
+    if args.budget_s <= 0:
+        print(f"{COMMAND}: --budget-s must be positive, got {args.budget_s:g}", file=sys.stderr)
+        return 2
+    _print_plan(steps, budget_s=args.budget_s, out=out)
+    if args.dry_run:
+        print("dry run (no CUDA needed, nothing is run):")
+        problems = dry_run(steps, budget_s=args.budget_s)
+        print(f"dry run {'passed' if not problems else f'FAILED: {len(problems)} problem(s)'}")
+        return 1 if problems else 0
+    try:
+        preflight()
+        refused = ""
+    except Refused as error:
+        refused = str(error)
+        print(f"{COMMAND}: refused: {refused}", file=sys.stderr)
+    spent = max(0.0, time.time() - args.started_at) if args.started_at else 0.0
+    record = run_check(steps, out=out, budget_s=args.budget_s, spent_s=spent, refused=refused,
+                       command=shlex.join([*COMMAND.split(), *(sys.argv[1:] if argv is None else argv)]))
+    counts = {status: sum(o["status"] == status for o in record["steps"]) for status in STATUSES}
+    env = record["env"] or {}
+    print(f"\ngpu-check: {record['status']} in {record['wall_s']:.0f} s of {args.budget_s:.0f} s "
+          f"({', '.join(f'{n} {s}' for s, n in counts.items() if n)}); {env.get('device', 'no CUDA device')}, torch {record['torch']}")
+    for outcome in record["steps"]:
+        print("  " + _screen_line(outcome))
+    print(f"files in {out}/: {', '.join(record['files'])}")
+    return 2 if refused else 1 if record["status"] == "failed" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
