@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.subclass_ca-installed
 # This machine's pip config caps torch at 2.14.1 (/etc/xdg/pip); a newer lane lifts it for its own pip only.
 PIP    := $(if $(filter 2.15.%,$(TORCH)),PIP_CONFIG_FILE=/dev/null,) $(PY) -m pip
 
-.PHONY: setup demo test test-fast test-lanes bench bench-quick check versions clean
+.PHONY: setup demo test test-fast test-lanes bench bench-quick check versions gpu-check gpu-check-dry clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,5 +66,34 @@ versions:
 	  $$venv/bin/python -m subclass_ca versions run --json build/versions/$$torch.json; done
 	$(PY) -m subclass_ca versions render build/versions/*.json --out docs/versions.md
 
+# One command that verifies the library on one CUDA GPU (docs/gpu.md): tests, demo, bench blocks, FSDP2, under a
+# GPU_BUDGET (seconds, counted from make's start, so creating the venv counts). It makes $(GPU_VENV) with the public
+# index's default Linux torch wheel, a CUDA build (its pip ignores this machine's CPU-wheel config and torch cap), or
+# with GPU_PYTHON=/path/to/python uses that interpreter (a CUDA torch 2.13-2.15 with the test extra) and makes no venv.
+GPU_VENV   ?= .venv-cuda
+GPU_STAMP  := $(GPU_VENV)/.subclass_ca-installed
+GPU_PIP    := PIP_CONFIG_FILE=/dev/null $(GPU_VENV)/bin/python -m pip
+GPU_PY     := $(or $(GPU_PYTHON),$(GPU_VENV)/bin/python)
+GPU_OUT    ?= gpu-check-out
+GPU_BUDGET ?= 480
+ifneq ($(filter gpu-check,$(MAKECMDGOALS)),)
+GPU_START  := $(shell date +%s)
+endif
+
+$(GPU_STAMP): pyproject.toml
+	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_PIP) install -q --upgrade pip
+	$(GPU_PIP) install -q torch==$(TORCH)
+	$(GPU_PIP) install -q -e '.[test,demo,torchao]'
+	$(GPU_VENV)/bin/python -c "import sys, torch; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '$(TORCH)' and torch.version.cuda else f'$(GPU_VENV): wanted a CUDA build of torch $(TORCH), got {torch.__version__}')"
+	touch $(GPU_STAMP)
+
+gpu-check: $(if $(GPU_PYTHON),,$(GPU_STAMP))
+	$(GPU_PY) -m subclass_ca gpu-check --out $(GPU_OUT) --budget-s $(GPU_BUDGET) --started-at $(GPU_START) $(GPU_ARGS)
+
+# the same plan checked without CUDA (what CI's tests/tools/test_gpu_check.py runs too)
+gpu-check-dry: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m subclass_ca gpu-check --dry-run --out $(GPU_OUT) --budget-s $(GPU_BUDGET) $(GPU_ARGS)
+
 clean:
-	rm -rf .venv .venv-* demo-out .pytest_cache build
+	rm -rf .venv .venv-* demo-out gpu-check-out .pytest_cache build
