@@ -11,7 +11,10 @@ the gradients as exact float lists, and eager's gradients computed in the same p
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -75,6 +78,27 @@ def main(settings: dict) -> dict:
         "loaded": loaded is not None,
         "saved_bytes": saved,
     }
+
+
+# --- the caller's side -------------------------------------------------------------------
+
+WORKER = Path(__file__)
+
+
+def assert_matches_eager(result: dict) -> None:
+    """Inductor is not bitwise equal to eager: close within float tolerance, per parameter."""
+    for got, expected in zip(result["grads"], result["eager"], strict=True):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=1e-5)
+
+
+def run_step(cache_dir: Path, **settings) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(WORKER), json.dumps(settings)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
 
 
 if __name__ == "__main__":

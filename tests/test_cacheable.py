@@ -7,39 +7,17 @@ that changes anything the CA graph's behaviour depends on must miss and still ma
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from subclass_ca import _cacheable, _compat
+from tests.cache_worker import assert_matches_eager, run_step
 
 pytestmark = [
     pytest.mark.inductor,
     pytest.mark.skipif(not _compat.marked_cacheable_supported(), reason="this torch has no AOTAutogradCache allowlist"),
 ]
-
-WORKER = Path(__file__).with_name("cache_worker.py")
-
-
-def assert_matches_eager(result: dict) -> None:
-    """Inductor is not bitwise equal to eager: close within float tolerance, per parameter."""
-    for got, expected in zip(result["grads"], result["eager"], strict=True):
-        torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=1e-5)
-
-
-def run_step(cache_dir: Path, **settings) -> dict:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, str(WORKER), json.dumps(settings)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
 
 @pytest.fixture(scope="module")
 def warm_cache(tmp_path_factory) -> tuple[Path, dict]:

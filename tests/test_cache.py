@@ -1,0 +1,102 @@
+"""save_cache / load_cache: a cache file travels with a checkpoint; a damaged or foreign one is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import subclass_ca
+from subclass_ca import _compat, cache
+from tests.cache_worker import run_step
+
+needs_cache_hooks = pytest.mark.skipif(
+    not _compat.marked_cacheable_supported(), reason="this torch has no AOTAutogradCache allowlist"
+)
+
+
+@pytest.mark.inductor
+@needs_cache_hooks
+def test_a_saved_cache_warms_a_process_with_an_empty_cache_folder(tmp_path):
+    shipped = tmp_path / "compile.cache"
+    first = run_step(tmp_path / "job-1", save=str(shipped))
+    assert first["saved_bytes"] > 0
+    restarted = run_step(tmp_path / "job-2", load=str(shipped))  # another machine: nothing on its disk
+    assert restarted["loaded"]
+    assert restarted["ca"]["aot_hit"] == 1 and restarted["ca"]["aot_miss"] == 0, restarted["ca"]
+    assert restarted["grads"] == first["grads"]
+
+
+def _write(path, header: dict, payload: bytes = b"artifacts") -> None:
+    import hashlib
+
+    header = {"sha256": hashlib.sha256(payload).hexdigest(), **header}
+    path.write_bytes(cache._MAGIC + json.dumps(header).encode() + b"\n" + payload)
+
+
+def test_a_file_of_another_torch_build_is_refused_naming_both_builds(tmp_path):
+    path = tmp_path / "old.cache"
+    _write(path, {**cache._header(), "torch": "2.12.0"})
+    with pytest.raises(subclass_ca.CacheFileError, match=r"torch '2.12.0'.*this process.*strict=False"):
+        subclass_ca.load_cache(path)
+
+
+def test_a_file_of_another_subclass_ca_build_is_refused(tmp_path):
+    path = tmp_path / "old.cache"
+    _write(path, {**cache._header(), "subclass_ca": "subclass_ca 0.0.1 deadbeef"})
+    with pytest.raises(subclass_ca.CacheFileError, match="subclass_ca 'subclass_ca 0.0.1 deadbeef'"):
+        subclass_ca.load_cache(path)
+
+
+def test_a_damaged_file_is_refused_before_anything_is_loaded(tmp_path, monkeypatch):
+    loaded = []
+    monkeypatch.setattr(_compat, "load_cache_artifacts", loaded.append)
+    path = tmp_path / "damaged.cache"
+    _write(path, cache._header(), b"artifacts")
+    path.write_bytes(path.read_bytes()[:-3] + b"XYZ")  # payload no longer matches its checksum
+    with pytest.raises(subclass_ca.CacheFileError, match="damaged"):
+        subclass_ca.load_cache(path)
+    path.write_bytes(cache._MAGIC + b"{not json\n" + b"artifacts")
+    with pytest.raises(subclass_ca.CacheFileError, match="damaged"):
+        subclass_ca.load_cache(path)
+    assert loaded == []
+
+
+def test_a_file_that_is_not_ours_is_refused(tmp_path):
+    path = tmp_path / "other.bin"
+    path.write_bytes(b"\x80\x04some pickle")
+    with pytest.raises(subclass_ca.CacheFileError, match="not a subclass_ca cache file"):
+        subclass_ca.load_cache(path)
+
+
+def test_strict_false_skips_a_bad_file_with_a_warning(tmp_path, monkeypatch):
+    loaded = []
+    monkeypatch.setattr(_compat, "load_cache_artifacts", loaded.append)
+    path = tmp_path / "other.bin"
+    path.write_bytes(b"junk")
+    with pytest.warns(RuntimeWarning, match="compiles afresh"):
+        assert subclass_ca.load_cache(path, strict=False) is None
+    assert loaded == []
+
+
+def test_a_good_file_reaches_torch_and_reports_what_it_held(tmp_path, monkeypatch):
+    loaded = []
+    monkeypatch.setattr(_compat, "load_cache_artifacts", loaded.append)
+    path = tmp_path / "good.cache"
+    _write(path, cache._header(), b"artifacts")
+    info = subclass_ca.load_cache(path)
+    assert loaded == [b"artifacts"]
+    assert info.artifact_bytes == len(b"artifacts") and info.torch_version == _compat.TORCH_VERSION
+
+
+def test_missing_ok_returns_none_for_a_first_run(tmp_path):
+    assert subclass_ca.load_cache(tmp_path / "absent.cache", missing_ok=True) is None
+    with pytest.raises(FileNotFoundError):
+        subclass_ca.load_cache(tmp_path / "absent.cache")
+
+
+def test_saving_before_anything_compiled_says_when_to_call_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(_compat, "save_cache_artifacts", lambda: None)
+    with pytest.raises(subclass_ca.CacheFileError, match="after the first steps"):
+        subclass_ca.save_cache(tmp_path / "x.cache")
+    assert not (tmp_path / "x.cache").exists()
