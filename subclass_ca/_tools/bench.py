@@ -906,6 +906,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", action="store_true", help="also time a tensor-parallel transformer block (DTensor weights) in "
                    "eager / compile / stock CA / subclass_ca on --nproc processes, gradients checked against eager "
                    "(multi-process, backends of --backends; combine with --render to add it to existing results)")
+    p.add_argument("--warm-start", action="store_true", help="also time the first step of fresh processes, cold and warm "
+                   "(compile-only, stock CA, subclass_ca on the TwoTensor MLP and the NF4-LoRA block; inductor; "
+                   "combine with --render to add it to existing results)")
+    p.add_argument("--warm-reps", type=int, default=3, help="warm processes per (model, mode) for --warm-start (default 3)")
     p.add_argument("--nproc", type=int, default=2, help="processes for --fsdp2 and --tp (default 2)")
     return p
 
@@ -951,6 +955,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import bench_tp
 
         results["tp"] = bench_tp.bench(world_size=args.nproc, backends=settings.backends)
+    if args.warm_start:  # _tools/bench_warm_start.py: fresh processes, cold and warm caches
+        from . import bench_warm_start
+
+        results["warm_start"] = bench_warm_start.bench(bench_warm_start.WarmStartBench(warm_reps=args.warm_reps))
+        results["warm_start"]["command"] = settings.command
+        print(bench_warm_start.format_summary(results["warm_start"]))
     if args.append:
         with open(args.append) as f:
             results["notes"] = f.read()
@@ -970,6 +980,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from . import bench_tp
 
             f.write(bench_tp.markdown_section(results["tp"]))
+        if results.get("warm_start"):
+            from . import bench_warm_start
+
+            f.write(bench_warm_start.markdown_section(results["warm_start"], results["warm_start"].get("command", settings.command)))
     verdicts = [(text, results["verdicts"][key]) for key, text in TARGETS.items()]
     if results.get("runtime"):
         verdicts += [(text, results["runtime"]["verdicts"][key]) for key, text in _bench_runtime.TARGETS.items()]
@@ -977,6 +991,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import bench_fsdp2
 
         verdicts += [(text, results["fsdp2"]["verdicts"][key]) for key, text in bench_fsdp2.TARGETS.items()]
+    if results.get("warm_start", {}).get("verdicts"):
+        from . import bench_warm_start
+
+        verdicts += [(text, results["warm_start"]["verdicts"][key]) for key, text in bench_warm_start.TARGETS.items()]
     for text, v in verdicts:
         print(f"{ {True: 'met   ', False: 'MISSED', None: 'n/a   '}[v['met']]} {text}: {v['detail']}")
     print(f"wrote {os.path.join(settings.out_dir, 'RESULTS.md')} ({results['wall_s']:.0f} s)")

@@ -1,0 +1,311 @@
+"""Warm start: the first training step of a fresh process, cold (empty caches) and warm (caches of an earlier run).
+
+Every sample is its own process (``python -m subclass_ca._tools.bench_warm_start --worker``), as a
+restarted job is.  Each (model, mode) gets its own cache folder, so compile-only's saved forward
+never warms the CA modes.  Per sample it reports the import, the first forward (Dynamo + AOT +
+inductor of the forward), the first backward (CA capture + CA-graph compile + run), split by
+torch's own compile timers, the cache counters of the backward, and a digest of the gradients
+(warm must equal cold bitwise: the cached artifacts are the cold run's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+__all__ = ["WarmStartBench", "MODES", "MODELS", "TARGETS", "bench", "markdown_section", "format_summary", "main"]
+
+MODES = ("compile", "stock_ca", "subclass_ca")
+MODELS = {"pair": "TwoTensor MLP (micro, small)", "block_nf4": "NF4-LoRA transformer block (small)"}
+TARGETS = {
+    "pair_1s": "warm first step <= 1.0 s on the TwoTensor MLP (subclass_ca)",
+    "vs_compile": "warm first step <= 1.5x compile-only's on every row (subclass_ca)",
+    "vs_stock": "warm first step below stock CA's on every row (subclass_ca)",
+    "cold": "cold first step no worse than stock CA's on every row (subclass_ca)",
+    "bitwise": "warm gradients bitwise equal to the cold run's (every mode)",
+}
+# compile timers (torch._dynamo.utils.compilation_time_metrics) that split a first step
+_TIMERS = {
+    "dynamo": "_compile.compile_inner",
+    "aot_trace": "create_aot_dispatcher_function",
+    "inductor": "compile_fx_inner",
+    "cache_load": "AOTAutogradCache.inductor_load",
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WarmStartBench:
+    """What to time: models, modes, warm samples per (model, mode), the backend."""
+
+    models: tuple[str, ...] = tuple(MODELS)
+    modes: tuple[str, ...] = MODES
+    warm_reps: int = 3
+    backend: str = "inductor"
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name, values, allowed in (("models", self.models, MODELS), ("modes", self.modes, MODES)):
+            bad = [v for v in values if v not in allowed]
+            if bad or not values:
+                raise ValueError(f"WarmStartBench.{name}: got {list(values)}, allowed values are {list(allowed)}")
+        if self.warm_reps < 1:
+            raise ValueError(f"WarmStartBench.warm_reps must be >= 1, got {self.warm_reps}")
+
+
+# --- one fresh process -------------------------------------------------------------------
+
+
+def _timers() -> dict[str, float]:
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return {name: sum(compilation_time_metrics.get(key, [])) for name, key in _TIMERS.items()}
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: round(after[k] - before[k], 4) for k in after}
+
+
+def _inner(t: Any) -> list[Any]:
+    if t is None:
+        return []
+    if not hasattr(t, "__tensor_flatten__") or type(t).__name__ in ("Tensor", "Parameter"):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    return [x for name in names for x in _inner(getattr(t, name))]
+
+
+def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str, Any]:
+    """Time the first step of this fresh process (and a few steady steps) in ``mode``; ``launched_at``: ``time.time()`` at launch."""
+    import torch
+
+    import subclass_ca
+    from subclass_ca import _compat
+    from subclass_ca._tools import bench_models
+
+    import_s = time.time() - launched_at  # interpreter start and `import torch, subclass_ca`
+    imported = time.perf_counter()
+    torch.set_num_threads(1)
+    work = bench_models.build(model, "small", "cpu", tag="warm_start")
+    step = torch.compile(work.forward, backend=backend)
+
+    def backward(loss: torch.Tensor) -> None:
+        if mode == "compile":
+            loss.backward()
+        elif mode == "stock_ca":
+            from torch._dynamo import compiled_autograd
+
+            with compiled_autograd._enable(lambda gm: torch.compile(gm, backend=backend, fullgraph=True)):
+                loss.backward()
+        else:
+            with subclass_ca.enable(backend=backend):
+                loss.backward()
+
+    built = time.perf_counter()
+    loss = step(work.params, *work.inputs)
+    forwarded = time.perf_counter()
+    timers_fwd, counters_fwd = _timers(), _compat.cache_counters()
+    backward(loss)
+    backwarded = time.perf_counter()
+    timers_bwd, counters_bwd = _timers(), _compat.cache_counters()
+    hasher = hashlib.sha256()
+    for p in work.params:
+        for t in _inner(p.grad):
+            hasher.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    steady = []
+    for _ in range(5):
+        work.zero_grad()
+        start = time.perf_counter()
+        backward(step(work.params, *work.inputs))
+        steady.append(time.perf_counter() - start)
+    return {
+        "model": model, "mode": mode,
+        "import_s": round(import_s, 4),
+        "build_s": round(built - imported, 4),
+        "forward_s": round(forwarded - built, 4),
+        "backward_s": round(backwarded - forwarded, 4),
+        "first_step_s": round(backwarded - built, 4),
+        "steady_step_s": round(statistics.median(steady), 5),
+        "forward_timers": _delta(timers_fwd, {k: 0.0 for k in timers_fwd}),
+        "backward_timers": _delta(timers_bwd, timers_fwd),
+        "forward_counters": counters_fwd,
+        "backward_counters": {k: counters_bwd[k] - counters_fwd[k] for k in counters_bwd},
+        "grad_digest": hasher.hexdigest()[:16],
+        "torch": str(torch.__version__),
+    }
+
+
+# --- the driver --------------------------------------------------------------------------
+
+
+def _sample(model: str, mode: str, backend: str, cache_dir: str, timeout_s: float) -> dict[str, Any]:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir, "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "subclass_ca._tools.bench_warm_start", "--worker", json.dumps([model, mode, backend, time.time()])]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        return {"model": model, "mode": mode, "error": done.stderr.strip().splitlines()[-1:] or ["exit %d" % done.returncode]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def bench(settings: WarmStartBench, *, progress: Any = None) -> dict[str, Any]:
+    """Cold and warm samples of every (model, mode); warm samples interleaved across modes."""
+    from . import bench_models
+
+    models = [m for m in settings.models if not bench_models.unavailable(m)]
+    skipped = {m: bench_models.unavailable(m) for m in settings.models if m not in models}
+    samples: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="subclass_ca-warm-") as root:
+        folders = {(m, mode): os.path.join(root, f"{m}-{mode}") for m in models for mode in settings.modes}
+        for (model, mode), folder in folders.items():
+            samples[f"{model}/{mode}"] = {"cold": _sample(model, mode, settings.backend, folder, settings.timeout_s), "warm": []}
+            if progress:
+                progress(f"{model}/{mode} cold")
+        for rep in range(settings.warm_reps):
+            for (model, mode), folder in folders.items():
+                samples[f"{model}/{mode}"]["warm"].append(_sample(model, mode, settings.backend, folder, settings.timeout_s))
+                if progress:
+                    progress(f"{model}/{mode} warm {rep + 1}")
+    rows = [_row(key, entry) for key, entry in samples.items()]
+    results = {"settings": dataclasses.asdict(settings), "rows": rows, "skipped": skipped, "samples": samples}
+    results["verdicts"] = _verdicts(rows)
+    return results
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def _row(key: str, entry: dict[str, Any]) -> dict[str, Any]:
+    model, mode = key.split("/")
+    cold, warm = entry["cold"], [s for s in entry["warm"] if "error" not in s]
+    errors = [s["error"] for s in [cold, *entry["warm"]] if "error" in s]
+    firsts = [s["first_step_s"] for s in warm]
+    row: dict[str, Any] = {
+        "model": model, "mode": mode, "errors": errors,
+        "cold_first_step_s": cold.get("first_step_s"),
+        "warm_first_step_s": _median(firsts),
+        "warm_spread_s": [round(min(firsts), 3), round(max(firsts), 3)] if firsts else None,
+        "bitwise": bool(warm) and "grad_digest" in cold and all(s["grad_digest"] == cold["grad_digest"] for s in warm),
+    }
+    for part in ("import_s", "forward_s", "backward_s", "steady_step_s"):
+        row[f"warm_{part}"] = _median([s[part] for s in warm])
+    for phase in ("forward_timers", "backward_timers"):
+        row[f"warm_{phase}"] = {k: _median([s[phase][k] for s in warm]) for k in _TIMERS} if warm else {}
+    row["warm_backward_counters"] = warm[0]["backward_counters"] if warm else {}
+    row["cold_backward_counters"] = cold.get("backward_counters", {})
+    if warm:  # what the first backward spends outside its CA-graph compile: capture and running
+        row["warm_ca_capture_s"] = _median([s["backward_s"] - s["backward_timers"]["dynamo"] - s["steady_step_s"] for s in warm])
+    return row
+
+
+def _verdicts(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    by = {(r["model"], r["mode"]): r for r in rows}
+    ours = [r for r in rows if r["mode"] == "subclass_ca" and r["warm_first_step_s"] is not None]
+
+    def verdict(met: bool | None, detail: str) -> dict[str, Any]:
+        return {"met": met, "detail": detail}
+
+    out = {}
+    pair = by.get(("pair", "subclass_ca"))
+    out["pair_1s"] = verdict(None, "no TwoTensor MLP row") if not pair or pair["warm_first_step_s"] is None else verdict(
+        pair["warm_first_step_s"] <= 1.0, f"{pair['warm_first_step_s']:.2f} s")
+
+    def against(mode: str, field: str, test: Any, fmt: str) -> dict[str, Any]:
+        pairs = [(r, by.get((r["model"], mode))) for r in ours]
+        pairs = [(r, o) for r, o in pairs if o and o.get(field) is not None and r.get(field) is not None]
+        if not pairs:
+            return verdict(None, f"no {mode} rows")
+        met = all(test(r[field], o[field]) for r, o in pairs)
+        return verdict(met, "; ".join(fmt.format(model=r["model"], ours=r[field], other=o[field], ratio=r[field] / o[field])
+                                      for r, o in pairs))
+
+    out["vs_compile"] = against("compile", "warm_first_step_s", lambda a, b: a <= 1.5 * b,
+                                "{model}: {ours:.2f} s vs {other:.2f} s ({ratio:.2f}x)")
+    out["vs_stock"] = against("stock_ca", "warm_first_step_s", lambda a, b: a < b, "{model}: {ours:.2f} s vs {other:.2f} s")
+    out["cold"] = against("stock_ca", "cold_first_step_s", lambda a, b: a <= b, "{model}: {ours:.2f} s vs {other:.2f} s")
+    out["bitwise"] = verdict(all(r["bitwise"] for r in rows), ", ".join(f"{r['model']}/{r['mode']}" for r in rows if not r["bitwise"])
+                             or "every row")
+    return out
+
+
+def format_summary(results: dict[str, Any]) -> str:
+    lines = ["warm start (fresh process per sample, first step = first forward + first backward):",
+             f"  {'model/mode':24s} {'cold':>8s} {'warm':>8s} {'spread':>13s}  warm fwd / bwd     CA graph cache (warm)"]
+    for r in results["rows"]:
+        if r["errors"]:
+            lines.append(f"  {r['model'] + '/' + r['mode']:24s} FAILED: {r['errors'][0]}")
+            continue
+        c = r["warm_backward_counters"]
+        spread = f"{r['warm_spread_s'][0]:.2f}-{r['warm_spread_s'][1]:.2f}"
+        lines.append(f"  {r['model'] + '/' + r['mode']:24s} {r['cold_first_step_s']:7.2f}s {r['warm_first_step_s']:7.2f}s {spread:>13s}  "
+                     f"{r['warm_forward_s']:.2f} / {r['warm_backward_s']:.2f} s   hit={c.get('aot_hit')} miss={c.get('aot_miss')} "
+                     f"bypass={c.get('aot_bypass')}")
+    for key, text in TARGETS.items():
+        v = results["verdicts"][key]
+        lines.append(f"  {({True: 'met   ', False: 'MISSED', None: 'n/a   '})[v['met']]} {text}: {v['detail']}")
+    return "\n".join(lines)
+
+
+def markdown_section(results: dict[str, Any], command: str) -> str:
+    """The RESULTS.md section: rows, the warm breakdown, the targets, the command."""
+    out = ["", "## Warm start: the first step of a restarted process", "",
+           f"Command: `{command}` (torch {results['rows'][0].get('torch', '') if results['rows'] else ''}).", "",
+           "Each sample is a fresh process; cold = empty cache folder, warm = the folder a previous process of the same "
+           f"(model, mode) filled (median of {results['settings']['warm_reps']} warm processes, min-max spread). "
+           "First step = first forward + first backward, after `import torch, subclass_ca` and building the model.", "",
+           "| model | mode | cold first step | warm first step (spread) | warm forward | warm backward | of which CA-graph compile | "
+           "AOT trace | cache loads | CA graph in AOTAutogradCache (warm) | warm = cold bitwise |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in results["rows"]:
+        if r["errors"]:
+            out.append(f"| {r['model']} | {r['mode']} | FAILED: {r['errors'][0]} |||||||||")
+            continue
+        bt, c = r["warm_backward_timers"], r["warm_backward_counters"]
+        cache_state = "n/a (eager backward)" if r["mode"] == "compile" else (
+            f"hit {c.get('aot_hit')}, miss {c.get('aot_miss')}, bypass {c.get('aot_bypass')}")
+        out.append(
+            f"| {r['model']} | {r['mode']} | {r['cold_first_step_s']:.2f} s | {r['warm_first_step_s']:.2f} s "
+            f"({r['warm_spread_s'][0]:.2f}-{r['warm_spread_s'][1]:.2f}) | {r['warm_forward_s']:.2f} s | {r['warm_backward_s']:.2f} s "
+            f"| {bt.get('dynamo') or 0:.2f} s | {bt.get('aot_trace') or 0:.2f} s | {bt.get('cache_load') or 0:.2f} s | {cache_state} "
+            f"| {'yes' if r['bitwise'] else 'NO'} |")
+    out += ["", "Targets (issue 34):", ""]
+    for key, text in TARGETS.items():
+        v = results["verdicts"][key]
+        out.append(f"- {({True: 'met', False: '**missed**', None: 'n/a'})[v['met']]}: {text} — {v['detail']}")
+    if results.get("skipped"):
+        out.append("")
+        out += [f"- not run: {m} ({why})" for m, why in results["skipped"].items()]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m subclass_ca._tools.bench_warm_start")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--warm-reps", type=int, default=3)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    if args.worker:
+        model, mode, backend, launched_at = json.loads(args.worker)
+        print(json.dumps(worker(model, mode, backend, launched_at)))
+        return 0
+    results = bench(WarmStartBench(models=tuple(args.models), modes=tuple(args.modes), warm_reps=args.warm_reps),
+                    progress=lambda what: print(f"  done: {what}", file=sys.stderr))
+    print(format_summary(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The warm-start bench: fresh processes, per-(model, mode) cache folders, rows, targets and markdown."""
+
+from __future__ import annotations
+
+import pytest
+
+from subclass_ca._tools import bench_warm_start as ws
+
+
+def _sample(first: float, *, digest: str = "d", hit: int = 1, mode: str = "subclass_ca") -> dict:
+    timers = {k: 0.1 for k in ws._TIMERS}
+    counters = {"aot_hit": hit, "aot_miss": 1 - hit, "aot_bypass": 0}
+    return {"model": "pair", "mode": mode, "import_s": 2.0, "forward_s": first / 2, "backward_s": first / 2,
+            "first_step_s": first, "steady_step_s": 0.001, "forward_timers": timers, "backward_timers": timers,
+            "backward_counters": counters, "grad_digest": digest}
+
+
+def test_rows_take_the_median_of_warm_processes_and_check_warm_equals_cold_bitwise():
+    row = ws._row("pair/subclass_ca", {"cold": _sample(9.0), "warm": [_sample(1.0), _sample(3.0), _sample(2.0)]})
+    assert row["cold_first_step_s"] == 9.0 and row["warm_first_step_s"] == 2.0 and row["warm_spread_s"] == [1.0, 3.0]
+    assert row["bitwise"]
+    changed = ws._row("pair/subclass_ca", {"cold": _sample(9.0), "warm": [_sample(1.0, digest="other")]})
+    assert not changed["bitwise"]
+
+
+def test_verdicts_compare_subclass_ca_with_compile_only_and_stock_in_the_same_run():
+    rows = [ws._row(f"pair/{mode}", {"cold": _sample(cold, mode=mode), "warm": [_sample(warm, mode=mode)]})
+            for mode, cold, warm in (("compile", 5.0, 1.0), ("stock_ca", 6.0, 2.5), ("subclass_ca", 5.5, 1.2))]
+    verdicts = ws._verdicts(rows)
+    assert verdicts["vs_compile"]["met"] and verdicts["vs_stock"]["met"] and verdicts["cold"]["met"]
+    assert verdicts["pair_1s"]["met"] is False and "1.20 s" in verdicts["pair_1s"]["detail"]
+
+
+def test_a_failed_sample_is_a_row_error_not_a_figure():
+    row = ws._row("pair/subclass_ca", {"cold": {"model": "pair", "mode": "subclass_ca", "error": ["boom"]}, "warm": []})
+    assert row["errors"] == [["boom"]] and row["warm_first_step_s"] is None
+    assert "FAILED" in ws.format_summary({"rows": [row], "verdicts": ws._verdicts([row])})
+
+
+def test_settings_are_validated():
+    with pytest.raises(ValueError, match="WarmStartBench.models"):
+        ws.WarmStartBench(models=("nope",))
+    with pytest.raises(ValueError, match="warm_reps"):
+        ws.WarmStartBench(warm_reps=0)
+
+
+def test_a_real_cold_and_warm_process_on_aot_eager_end_to_end():
+    results = ws.bench(ws.WarmStartBench(models=("pair",), modes=("subclass_ca",), warm_reps=1, backend="aot_eager"))
+    (row,) = results["rows"]
+    assert not row["errors"], row["errors"]
+    assert row["bitwise"]  # aot_eager: the same aten ops in both processes
+    assert row["warm_first_step_s"] > 0 and row["cold_first_step_s"] > 0
+    section = ws.markdown_section(results, "python -m subclass_ca bench --warm-start")
+    assert "| pair | subclass_ca |" in section and "bench --warm-start" in section
