@@ -56,6 +56,7 @@ SCRIPTS: set[tuple[str, str]] = {
 #: (document, a string unique to the block) -> pytest marks (CI runs every mark on the default lane).
 MARKS: dict[tuple[str, str], list[pytest.MarkDecorator]] = {
     ("README.md", 'backend="inductor"'): [pytest.mark.inductor],                  # ~20-60 s compile
+    ("docs/warm_start.md", "save_cache"): [pytest.mark.inductor],                 # ~10-20 s compile
     ("docs/quickstart.md", "# workers.py"): [pytest.mark.distributed],            # 2 processes, ~10 s
     ("docs/distributed.md", "# fsdp2_quickstart.py"): [pytest.mark.distributed],  # 2 x 2 FSDP2 processes, ~40-70 s
     ("docs/quickstart.md", "# check.py"): [pytest.mark.slow],                     # the whole battery, ~15-25 s
