@@ -2,7 +2,7 @@
 
 ``make gpu-check`` runs it (docs/gpu.md).  The steps, cheapest and most important first, each
 a subprocess of this interpreter with its own timeout, all under one budget (``--budget-s``,
-default 480 s); a step that would start with less budget left than it usually needs is
+default 480 s); a step that would start with less budget left than it is expected to need is
 recorded as skipped for budget, never dropped:
 
 1. ``env``: torch, CUDA, the device, its capability and memory, ``nvidia-smi`` -> ``env.json``;
@@ -142,7 +142,8 @@ class Step:
     argv: tuple[str, ...]
     """After the interpreter: ``("-m", "subclass_ca", SUBCOMMAND, ...)``, ``("-m", "pytest", ...)`` or ``("-c", CODE)``."""
     expect_s: float
-    """What it usually takes on one H200-class GPU; it starts only with at least this much budget left."""
+    """What it is expected to take on one H200-class GPU (an estimate until a GPU run measures it); it starts
+    only with at least this much budget left."""
     timeout_s: float
     expect_tests: tuple[str, ...] = ()
     """pytest steps: test files that must each contribute at least one collected test (checked by --dry-run)."""
@@ -372,10 +373,10 @@ def _torch_logic_problems() -> tuple[str, list[str]]:
     admitted, refused = ("2.13.0", "2.14.1+cu126", "2.15.0+cu128"), ("2.11.0+cu130", "2.12.1", "2.16.0", "3.0.0")
     problems = []
     for version in admitted:
-        with contextlib.suppress(Refused):
+        try:
             check_torch(version)
-            continue
-        problems.append(f"torch range: {version} refused, but {SUPPORTED_TORCH} admits it")
+        except Refused:
+            problems.append(f"torch range: {version} refused, but {SUPPORTED_TORCH} admits it")
     for version in refused:
         try:
             check_torch(version)
@@ -394,8 +395,8 @@ def dry_run(steps: Sequence[Step], *, budget_s: float = DEFAULT_BUDGET_S, python
     checks = [(step.name, *check_step(step, python)) for step in steps]
     checks.append(("torch range", *_torch_logic_problems()))
     expected = sum(step.expect_s for step in steps)
-    checks.append(("budget", f"the steps usually need {expected:.0f} s of {budget_s:.0f} s",
-                   [] if expected <= budget_s else [f"budget: the steps usually need {expected:.0f} s, more than --budget-s {budget_s:.0f}"]))
+    over = [f"budget: the steps are expected to need {expected:.0f} s, more than --budget-s {budget_s:.0f}"]
+    checks.append(("budget", f"the steps are expected to need {expected:.0f} s of {budget_s:.0f} s", over if expected > budget_s else []))
     for name, checked, found in checks:
         echo(f"  {'ok  ' if not found else 'FAIL'} {name}: {checked or 'not checked'}")
         for problem in found:
@@ -465,8 +466,8 @@ def run_steps(steps: Sequence[Step], *, python: str, log: Path, budget_s: float,
     for index, step in enumerate(steps, 1):
         left = deadline - clock()
         if left < step.expect_s:
-            outcomes.append(Outcome(step=step.name, command=shlex.join(step.command(python)), status="skipped",
-                                    reason=f"budget: {max(left, 0):.0f} s of {budget_s:.0f} s left, it usually needs {step.expect_s:.0f} s"))
+            reason = f"budget: {max(left, 0):.0f} s of {budget_s:.0f} s left, it is expected to need {step.expect_s:.0f} s"
+            outcomes.append(Outcome(step=step.name, command=shlex.join(step.command(python)), status="skipped", reason=reason))
         else:
             echo(f"gpu-check [{index}/{len(steps)}] {step.name}: {step.what}")
             outcomes.append(_run_one(step, python=python, timeout_s=min(step.timeout_s, left), log=log, clock=clock))
@@ -492,8 +493,8 @@ def _screen_line(outcome: dict[str, Any]) -> str:
 def summary_markdown(record: dict[str, Any]) -> str:
     """The short markdown summary (``summary.md``; commit it as ``benchmarks/GPU.md``)."""
     env = record.get("env") or {}
-    device = env.get("device") or "no CUDA device"
-    where = (f"{device} (capability {env.get('capability', '?')}, {env.get('memory_gib', '?')} GiB)" if env.get("device") else device)
+    where = (f"{env['device']} (capability {env.get('capability', '?')}, {env.get('memory_gib', '?')} GiB)"
+             if env.get("device") else "a machine without a CUDA device")
     lines = [
         "# GPU check",
         "",
@@ -611,7 +612,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _print_plan(steps: Sequence[Step], *, budget_s: float, out: Path, echo: Callable[[str], None] = print) -> None:
-    echo(f"gpu-check plan: {len(steps)} steps, they usually need {sum(s.expect_s for s in steps):.0f} s on one "
+    echo(f"gpu-check plan: {len(steps)} steps, expected to need {sum(s.expect_s for s in steps):.0f} s on one "
          f"H200-class GPU; budget {budget_s:.0f} s; results in {out}/")
     for index, step in enumerate(steps, 1):
         echo(f"  {index}. {step.name} (~{step.expect_s:.0f} s, timeout {step.timeout_s:.0f} s): {step.what}")
