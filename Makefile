@@ -68,11 +68,12 @@ versions:
 
 # One command that verifies the library on one CUDA GPU (docs/gpu.md): tests, demo, bench blocks, FSDP2, under a
 # GPU_BUDGET (seconds, counted from make's start, so creating the venv counts). It makes $(GPU_VENV) with the public
-# index's default Linux torch wheel, a CUDA build (its pip ignores this machine's CPU-wheel config and torch cap), or
-# with GPU_PYTHON=/path/to/python uses that interpreter (a CUDA torch 2.13-2.15 with the test extra) and makes no venv.
+# index's default Linux torch wheel, a CUDA build (its pip ignores this machine's pip config and torch cap, and the
+# local CPU wheels of PIP_FIND_LINKS, which would win for torch==2.13.0), or with GPU_PYTHON=/path/to/python uses that
+# interpreter (a CUDA torch 2.13-2.15 with the test extra) and makes no venv.
 GPU_VENV   ?= .venv-cuda
 GPU_STAMP  := $(GPU_VENV)/.subclass_ca-installed
-GPU_PIP    := PIP_CONFIG_FILE=/dev/null $(GPU_VENV)/bin/python -m pip
+GPU_PIP    := env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(GPU_VENV)/bin/python -m pip
 GPU_PY     := $(or $(GPU_PYTHON),$(GPU_VENV)/bin/python)
 GPU_OUT    ?= gpu-check-out
 GPU_BUDGET ?= 480
