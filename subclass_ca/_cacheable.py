@@ -28,6 +28,14 @@ so that equal keys in two processes mean equal behaviour.
   misses.  That is the deterministic training job (same captures in the same order), and it
   can never make a graph rebuild with another process's recipe.
 
+The forward graphs are torch's own entries, but AOTAutogradCache writes a forward's entry only
+after compiling its backward, which compiled autograd never does (it pastes the backward graph
+into its CA graph): so under compiled autograd, ours or stock, every process traces its forwards
+again.  Compiling that backward at capture would make every cold start pay one more compile;
+instead each captured AOT function is remembered (weakly), and ``save_cache()`` compiles the
+backwards still pending, which writes their forwards' entries: a job that asks for a warm
+start pays that once, in the run that saves.
+
 Anything without a stable description (an object known only by its address, a tensor's
 values) gets this process's nonce in its key: the entry is written and reused in-process but
 misses in every other process.  Our key lines replace torch's only for the objects above;
@@ -40,7 +48,9 @@ AOTAutogradCache and compiles as before.
 
 from __future__ import annotations
 
+import threading
 import uuid
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,11 +60,16 @@ from . import _compat
 from ._fingerprint import Unstable, describe, digest, package_digest
 from ._recipe import all_recipes
 
-__all__ = ["key_of", "compile_kwargs", "cacheable_names", "uncacheable_reasons", "cache_global_swap"]
+__all__ = [
+    "key_of", "compile_kwargs", "cacheable_names", "uncacheable_reasons", "cache_global_swap",
+    "remember_forward", "complete_forward_entries",
+]
 
 _NONCE = uuid.uuid4().hex
 _prologue_keys: dict[int, tuple[Any, str]] = {}
 _uncacheable: dict[str, str] = {}
+_forwards: weakref.WeakSet[Any] = weakref.WeakSet()
+_forwards_lock = threading.Lock()
 
 
 def _base() -> str:
@@ -150,6 +165,23 @@ def compile_kwargs(graph_module: torch.fx.GraphModule, backend: Any, kwargs: Map
     marked.update({name: "subclass_ca" for name in names if name not in marked})
     options[_compat.MARKED_CACHEABLE_OPTION] = marked
     return {**kwargs, "options": options}
+
+
+def remember_forward(ctx: Any) -> None:
+    """Remember the AOT function of a captured backward node (its forward entry may still be unwritten)."""
+    forward_cls = _compat.aot_forward_class(ctx)
+    if forward_cls is not None and forward_cls not in _forwards:
+        with _forwards_lock:
+            _forwards.add(forward_cls)
+
+
+def complete_forward_entries() -> int:
+    """Compile the pending backwards of remembered AOT functions, writing their forwards' cache entries; returns how many."""
+    with _forwards_lock:
+        pending = [p for p in map(_compat.pending_forward_entry, list(_forwards)) if p is not None]
+    for compile_backward in pending:
+        compile_backward()
+    return len(pending)
 
 
 def uncacheable_reasons() -> dict[str, str]:

@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from . import _compat, diagnostics
+from . import _cacheable, _compat, diagnostics
 from ._accumulate import allocation_keeps_type
 from ._nodes import graph_callable
 from ._recipe import (
@@ -212,6 +212,7 @@ def proxy_call_aot_backward(compiler: Any, ctx: Any, call_original: Any) -> Any:
 def _proxy_aot_backward_with_epilogue(compiler: Any, ctx: Any, call_original: Any, settings: Config) -> Any:
     diagnostics.begin_capture(compiler)
     diagnostics.record_aot_backward()
+    _cacheable.remember_forward(ctx)
     if not _compat.has_subclass_grads(ctx):
         return call_original()
     examples = _compat.backward_output_examples(ctx)

@@ -36,22 +36,36 @@ class CacheFile:
     """What a cache file holds, as :func:`save_cache` wrote or :func:`load_cache` read it."""
 
     path: str
+    """The file, or the cache folder when :func:`save_cache` was given no path."""
     torch_version: str
     subclass_ca: str
     """subclass_ca's version and source digest."""
     artifact_bytes: int
+    forward_entries_written: int = 0
+    """Forward graphs whose cache entry :func:`save_cache` wrote (compiling their backward, Note [Warm start through torch's caches])."""
 
 
 def _header() -> dict[str, object]:
     return {"format": _FORMAT, "torch": str(torch.__version__), "subclass_ca": package_digest()}
 
 
-def save_cache(path: str | os.PathLike[str]) -> CacheFile:
-    """Write every compile artifact this process saved or loaded (forward graphs, CA graphs, kernels) to ``path``.
+def save_cache(path: str | os.PathLike[str] | None = None) -> CacheFile:
+    """Complete torch's compile caches and write every artifact of this process to ``path``.
 
-    Call it after the first training steps (each graph compiled once); raises
-    :class:`CacheFileError` when nothing has been compiled with a cacheable backend yet.
+    Call it after the first training steps (each graph compiled once).  It first writes the cache
+    entries of forward graphs whose backward ran under compiled autograd (torch writes a forward's
+    entry only once it compiles that backward itself, which compiled autograd never asks for:
+    this compiles each such backward once).  With no ``path`` that is all: a persistent
+    ``TORCHINDUCTOR_CACHE_DIR`` then warms the next run.  With a ``path`` it also writes the file
+    :func:`load_cache` reads; raises :class:`CacheFileError` when nothing was compiled with a
+    cacheable backend (``inductor``).
     """
+    from ._cacheable import complete_forward_entries
+
+    completed = complete_forward_entries()
+    if path is None:
+        return CacheFile(path=_compat.cache_dir(), torch_version=str(torch.__version__), subclass_ca=package_digest(),
+                         artifact_bytes=0, forward_entries_written=completed)
     artifacts = _compat.save_cache_artifacts()
     if not artifacts:
         raise CacheFileError(
@@ -65,7 +79,7 @@ def save_cache(path: str | os.PathLike[str]) -> CacheFile:
         f.write(_MAGIC + json.dumps(header).encode() + b"\n" + artifacts)
     os.replace(tmp, path)  # a reader never sees half a file
     return CacheFile(path=os.fspath(path), torch_version=str(header["torch"]), subclass_ca=str(header["subclass_ca"]),
-                     artifact_bytes=len(artifacts))
+                     artifact_bytes=len(artifacts), forward_entries_written=completed)
 
 
 def load_cache(path: str | os.PathLike[str], *, strict: bool = True, missing_ok: bool = False) -> CacheFile | None:

@@ -5,7 +5,8 @@ the gradients as exact float lists, and eager's gradients computed in the same p
 ``TORCHINDUCTOR_CACHE_DIR`` is set by the caller.  Settings (all optional):
 ``dtype``, ``batch``, ``subclass`` ("pair" | "tagged"), ``tag``, ``handler`` ("default" | "custom"),
 ``torch_version`` / ``package`` (pretend another torch / subclass_ca build), ``load`` / ``save``
-(a subclass_ca cache file read before the step / written after it).
+(a subclass_ca cache file read before the step / written after it; ``save: null`` completes the
+cache folder only).
 """
 
 from __future__ import annotations
@@ -64,19 +65,22 @@ def main(settings: dict) -> dict:
     forward(eager, wrap(x)).backward()
     params = [torch.nn.Parameter(wrap(t)) for t in dense]
     step = torch.compile(forward, backend="inductor")
+    start = _compat.cache_counters()
     loss = step(params, wrap(x))
     before = _compat.cache_counters()
     with subclass_ca.enable(backend="inductor"):
         loss.backward()
     after = _compat.cache_counters()
-    saved = subclass_ca.save_cache(settings["save"]).artifact_bytes if settings.get("save") else None
+    saved = subclass_ca.save_cache(settings["save"]) if "save" in settings else None
     return {
+        "forward": {k: before[k] - start[k] for k in before},
         "ca": {k: after[k] - before[k] for k in after},
         "grads": [_inner(p.grad) for p in params],
         "grad_types": [type(p.grad).__name__ for p in params],
         "eager": [_inner(p.grad) for p in eager],
         "loaded": loaded is not None,
-        "saved_bytes": saved,
+        "saved_bytes": saved and saved.artifact_bytes,
+        "forward_entries_written": saved and saved.forward_entries_written,
     }
 
 

@@ -121,6 +121,14 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
         caches.CACHE_PICKLER + "._format_global_for_cache_key",
         "CA graphs bypass AOTAutogradCache (a restarted job traces them again; Note [Warm start through torch's caches])",
     ),
+    "AOT lazy backward compiler": (
+        "torch._functorch._aot_autograd.runtime_wrappers:_AutogradBackwardCompiler.get_or_compile",
+        "save_cache() cannot write the cache entries of forwards whose backward ran under compiled autograd",
+    ),
+    "compile timers": (
+        "torch._dynamo.utils:compilation_time_metrics",
+        "the warm-start bench cannot split a first step into its compile phases",
+    ),
     "inductor cache folder": (
         "torch._inductor.runtime.cache_dir_utils:cache_dir",
         "subclass_ca.cache_info() cannot name the cache folder",

@@ -27,6 +27,9 @@ __all__ = [
     "is_stable_prologue",
     "prologue_inner",
     "cache_counters",
+    "compile_time_metrics",
+    "pending_forward_entry",
+    "aot_forward_class",
     "save_cache_artifacts",
     "load_cache_artifacts",
     "cache_dir",
@@ -103,6 +106,29 @@ def prologue_inner(obj: Any) -> list[Any]:
     return [cell.cell_contents for cell in obj.__closure__]
 
 
+def aot_forward_class(ctx: Any) -> Any:
+    """The AOT autograd Function class of an AOT backward node's context (None for anything else)."""
+    return getattr(ctx, "_forward_cls", None)
+
+
+def pending_forward_entry(forward_cls: Any) -> Callable[[], Any] | None:
+    """For an AOT function whose forward was compiled but whose backward never was: a call that compiles it.
+
+    AOTAutogradCache writes a forward's entry only once the backward is compiled (lazily, at the
+    first eager backward); under compiled autograd that never happens, since the backward graph
+    is pasted into the CA graph.  Compiling it through AOT's own lazy compiler writes the entry.
+    None when there is nothing to do (compiled already, loaded from the cache, or not cacheable).
+    """
+    impl = getattr(forward_cls, "_backward_impl", None)
+    for cell in getattr(impl, "__closure__", None) or ():
+        compiler = cell.cell_contents
+        if type(compiler).__name__ == "_AutogradBackwardCompiler" and hasattr(compiler, "get_or_compile"):
+            if compiler.compiled_bw is not None or compiler.try_save_cache_entry is None:
+                return None
+            return lambda: compiler.get_or_compile(saved_tensors_use_once=False)
+    return None
+
+
 def cache_counters() -> dict[str, int]:
     """AOTAutogradCache and FX graph cache counters of this process (hits, misses, bypasses, saves)."""
     counters = torch._dynamo.utils.counters
@@ -116,6 +142,11 @@ def cache_counters() -> dict[str, int]:
         "fx_bypass": ("inductor", "fxgraph_cache_bypass"),
     }
     return {name: int(counters[group][key]) for name, (group, key) in names.items()}
+
+
+def compile_time_metrics() -> dict[str, list[float]]:
+    """torch's per-phase compile timers of this process (seconds per call, by phase name)."""
+    return dict(lookup("torch._dynamo.utils:compilation_time_metrics"))
 
 
 def save_cache_artifacts() -> bytes | None:

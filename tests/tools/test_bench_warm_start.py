@@ -15,9 +15,10 @@ def _sample(first: float, *, digest: str = "d", hit: int = 1, mode: str = "subcl
             "backward_counters": counters, "grad_digest": digest}
 
 
-def test_rows_take_the_median_of_warm_processes_and_check_warm_equals_cold_bitwise():
-    row = ws._row("pair/subclass_ca", {"cold": _sample(9.0), "warm": [_sample(1.0), _sample(3.0), _sample(2.0)]})
-    assert row["cold_first_step_s"] == 9.0 and row["warm_first_step_s"] == 2.0 and row["warm_spread_s"] == [1.0, 3.0]
+def test_rows_keep_the_first_restart_apart_and_take_the_median_of_the_later_ones():
+    row = ws._row("pair/subclass_ca", {"cold": _sample(9.0), "warm": [_sample(4.0), _sample(1.0), _sample(3.0), _sample(2.0)]})
+    assert row["cold_first_step_s"] == 9.0 and row["first_restart_s"] == 4.0
+    assert row["warm_first_step_s"] == 2.0 and row["warm_spread_s"] == [1.0, 3.0]
     assert row["bitwise"]
     changed = ws._row("pair/subclass_ca", {"cold": _sample(9.0), "warm": [_sample(1.0, digest="other")]})
     assert not changed["bitwise"]
@@ -25,7 +26,8 @@ def test_rows_take_the_median_of_warm_processes_and_check_warm_equals_cold_bitwi
 
 def test_verdicts_compare_subclass_ca_with_compile_only_and_stock_in_the_same_run():
     rows = [ws._row(f"pair/{mode}", {"cold": _sample(cold, mode=mode), "warm": [_sample(warm, mode=mode)]})
-            for mode, cold, warm in (("compile", 5.0, 1.0), ("stock_ca", 6.0, 2.5), ("subclass_ca", 5.5, 1.2))]
+            for mode, cold, warm in (("compile", 5.0, 1.0), ("stock_ca", 6.0, 2.5), ("subclass_ca", 5.5, 2.0),
+                                     ("subclass_ca_saved", 5.6, 1.2))]
     verdicts = ws._verdicts(rows)
     assert verdicts["vs_compile"]["met"] and verdicts["vs_stock"]["met"] and verdicts["cold"]["met"]
     assert verdicts["pair_1s"]["met"] is False and "1.20 s" in verdicts["pair_1s"]["detail"]
