@@ -86,3 +86,15 @@ def test_custom_cpp_functions_are_never_described():
 
     assert _compat.ca_op_name(Op()) == ("CppNodeMyFunction0", True)
     assert _cacheable.key_of(Op()) is None
+
+
+def test_damaged_entries_in_the_cache_folder_recompile_cleanly(tmp_path):
+    run_step(tmp_path)
+    entries = [p for p in tmp_path.rglob("*") if p.is_file() and "aotautograd" in p.parts]
+    assert entries, "the cold run wrote no AOTAutogradCache entry"
+    for path in entries:
+        path.write_bytes(b"\x80\x04damaged" + bytes(range(64)))
+    damaged = run_step(tmp_path)
+    assert damaged["ca"]["aot_hit"] == 0, damaged["ca"]
+    assert_matches_eager(damaged)
+    assert damaged["grad_types"] == ["PairTensor", "PairTensor"]

@@ -994,6 +994,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if results.get("warm_start", {}).get("verdicts"):
         from . import bench_warm_start
 
+        bench_warm_start.format_summary(results["warm_start"])  # verdicts from the samples, as rendered
         verdicts += [(text, results["warm_start"]["verdicts"][key]) for key, text in bench_warm_start.TARGETS.items()]
     for text, v in verdicts:
         print(f"{ {True: 'met   ', False: 'MISSED', None: 'n/a   '}[v['met']]} {text}: {v['detail']}")

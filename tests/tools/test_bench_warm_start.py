@@ -54,3 +54,12 @@ def test_a_real_cold_and_warm_process_on_aot_eager_end_to_end():
     assert row["warm_first_step_s"] > 0 and row["cold_first_step_s"] > 0
     section = ws.markdown_section(results, "python -m subclass_ca bench --warm-start")
     assert "| pair | subclass_ca |" in section and "bench --warm-start" in section
+
+
+@pytest.mark.distributed
+def test_the_fsdp2_row_runs_two_fresh_gloo_processes_per_sample():
+    results = ws.bench(ws.WarmStartBench(models=("fsdp2_two_tensor",), modes=("subclass_ca",), warm_reps=1, backend="aot_eager"))
+    (row,) = results["rows"]
+    assert not row["errors"], row["errors"]
+    assert row["bitwise"] and row["cold_first_step_s"] > 0
+    assert "| fsdp2_two_tensor | subclass_ca |" in ws.markdown_section(results, "bench --warm-start")
