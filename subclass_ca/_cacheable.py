@@ -83,8 +83,11 @@ def _stable(what: str, build: Any) -> str:
     try:
         return digest(_base(), build())
     except Unstable as why:
-        _uncacheable[what] = str(why)
-        return f"process-local {_NONCE} ({what}: {why})"
+        reason = str(why)
+    except Exception as error:  # noqa: BLE001  -- a description must never fail the compile it keys
+        reason = f"describing it raised {type(error).__name__}: {error}"
+    _uncacheable[what] = reason
+    return f"process-local {_NONCE} ({what}: {reason})"
 
 
 def _callable_key(target: Any) -> str:

@@ -52,11 +52,17 @@ def package_digest() -> str:
     return f"subclass_ca {__version__} {hasher.hexdigest()}"
 
 
-def describe(obj: Any, *, depth: int = 0) -> str:
-    """A description of ``obj`` that two processes agree on when it behaves the same; else :class:`Unstable`."""
+def describe(obj: Any, *, depth: int = 0, seen: frozenset[int] = frozenset()) -> str:
+    """A description of ``obj`` that two processes agree on when it behaves the same; else :class:`Unstable`.
+
+    ``seen``: the classes and functions being described further out; meeting one again (a function
+    that names its own class, say) describes it by name only, which breaks the cycle.
+    """
     if depth > _MAX_DEPTH:
         raise Unstable("nested too deeply to describe")
-    nested = functools.partial(describe, depth=depth + 1)
+    if isinstance(obj, (type, types.FunctionType)) and id(obj) in seen:
+        return f"ref {getattr(obj, '__module__', None)}.{obj.__qualname__}"
+    nested = functools.partial(describe, depth=depth + 1, seen=seen)
     if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
         return repr(obj)
     if isinstance(obj, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
@@ -80,13 +86,13 @@ def describe(obj: Any, *, depth: int = 0) -> str:
     if isinstance(obj, types.ModuleType):
         return f"module {obj.__name__}"
     if isinstance(obj, type):
-        return describe_class(obj)
+        return describe_class(obj, depth=depth, seen=seen)
     if isinstance(obj, functools.partial):
         return f"partial({nested(obj.func)}, {nested(obj.args)}, {nested(obj.keywords)})"
     if isinstance(obj, types.MethodType):
         return f"method {nested(obj.__func__)} of {nested(obj.__self__)}"
     if isinstance(obj, types.FunctionType):
-        return describe_function(obj, depth=depth)
+        return describe_function(obj, depth=depth, seen=seen)
     if isinstance(obj, types.BuiltinFunctionType):
         return f"builtin {getattr(obj, '__module__', None)}.{obj.__qualname__}"
     if dataclasses.is_dataclass(obj):
@@ -98,20 +104,24 @@ def describe(obj: Any, *, depth: int = 0) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__} {text}"
 
 
-def describe_class(cls: type) -> str:
+def describe_class(cls: type, *, depth: int = 0, seen: frozenset[int] = frozenset()) -> str:
     """A class by its name; a class outside torch also by the code of its flatten protocol."""
     name = f"class {cls.__module__}.{cls.__qualname__}"
     if cls.__module__.split(".")[0] in ("torch", "builtins"):
         return name  # torch's own classes change only with torch, which is part of every key
+    seen = seen | {id(cls)}
     protocol = [
-        describe_function(getattr(fn, "__func__", fn)) if isinstance(getattr(fn, "__func__", fn), types.FunctionType) else "-"
+        describe_function(getattr(fn, "__func__", fn), depth=depth + 1, seen=seen)
+        if isinstance(getattr(fn, "__func__", fn), types.FunctionType) else "-"
         for fn in (cls.__dict__.get(m) for m in ("__tensor_flatten__", "__tensor_unflatten__", "__torch_dispatch__"))
     ]
     return f"{name} [{', '.join(protocol)}]"
 
 
-def describe_function(fn: types.FunctionType, *, depth: int = 0) -> str:
+def describe_function(fn: types.FunctionType, *, depth: int = 0, seen: frozenset[int] = frozenset()) -> str:
     """A function by its code, the globals that code names and its closure's contents."""
+    seen = seen | {id(fn)}
+    nested = functools.partial(describe, depth=depth + 1, seen=seen)
     parts = [f"function {fn.__module__}.{fn.__qualname__}", _describe_code(fn.__code__)]
     module = fn.__module__ or ""
     # a function of torch's or ours reads globals that change only with torch or with our code,
@@ -119,17 +129,17 @@ def describe_function(fn: types.FunctionType, *, depth: int = 0) -> str:
     ours = module.split(".")[0] in ("torch", "subclass_ca") and fn.__code__.co_filename.endswith(".py")
     for name in () if ours else sorted(_global_names(fn.__code__)):
         if name in fn.__globals__:
-            parts.append(f"{name}={describe(fn.__globals__[name], depth=depth + 1)}")
+            parts.append(f"{name}={nested(fn.__globals__[name])}")
     for cell in fn.__closure__ or ():
         try:
             contents = cell.cell_contents
         except ValueError:  # an empty cell
             contents = None
-        parts.append(describe(contents, depth=depth + 1))
+        parts.append(nested(contents))
     if fn.__defaults__:
-        parts.append(describe(fn.__defaults__, depth=depth + 1))
+        parts.append(nested(fn.__defaults__))
     if fn.__kwdefaults__:
-        parts.append(describe(fn.__kwdefaults__, depth=depth + 1))
+        parts.append(nested(fn.__kwdefaults__))
     return " ".join(parts)
 
 
