@@ -128,15 +128,24 @@ def _prologue_key(prologue: Any) -> str:
     return key
 
 
-def key_of(obj: Any) -> str | None:
-    """The key line for a CA graph global of the kinds above (Note [Warm start through torch's caches]); None: torch's own."""
+def _kind(obj: Any) -> str | None:
+    """Which of the kinds above ``obj`` is ("callable", "op", "prologue"), without building its key; None: none."""
     if hasattr(obj, "_subclass_ca_type"):
-        return _callable_key(obj)
+        return "callable"
     op = _compat.ca_op_name(obj)
     if op is not None:
-        name, custom = op
-        return None if custom else digest(_base(), f"compiled autograd op {name}")
-    if _compat.is_stable_prologue(obj):
+        return None if op[1] else "op"  # custom C++ functions are numbered per process
+    return "prologue" if _compat.is_stable_prologue(obj) else None
+
+
+def key_of(obj: Any) -> str | None:
+    """The key line for a CA graph global of the kinds above (Note [Warm start through torch's caches]); None: torch's own."""
+    kind = _kind(obj)
+    if kind == "callable":
+        return _callable_key(obj)
+    if kind == "op":
+        return digest(_base(), f"compiled autograd op {obj.__name__}")
+    if kind == "prologue":
         return _prologue_key(obj)
     return None
 
@@ -153,7 +162,7 @@ def cacheable_names(graph_module: torch.fx.GraphModule) -> list[str]:
         if node.op != "call_function":
             continue
         name = f"{getattr(node.target, '__module__', None)}.{getattr(node.target, '__name__', None)}"
-        if key_of(node.target) is not None:
+        if _kind(node.target) is not None:  # the keys themselves are built once, when torch pickles the graph
             names.add(name)
         names.update(f"{_compat.CA_OPS_MODULE}.{op}" for op in _compat.INLINED_CA_OPS.get(name, ()))
     return sorted(names)

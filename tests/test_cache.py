@@ -33,6 +33,14 @@ def test_a_saved_cache_warms_a_process_with_an_empty_cache_folder(tmp_path):
     assert second["grads"] == first["grads"] and third["grads"] == first["grads"]
 
 
+@pytest.fixture
+def loaded_into_torch(monkeypatch) -> list[bytes]:
+    """What load_cache hands torch's loader (torch's loader itself is not called)."""
+    loaded: list[bytes] = []
+    monkeypatch.setattr(_compat, "load_cache_artifacts", loaded.append)
+    return loaded
+
+
 def _write(path, header: dict, payload: bytes = b"artifacts") -> None:
     import hashlib
 
@@ -54,9 +62,8 @@ def test_a_file_of_another_subclass_ca_build_is_refused(tmp_path):
         subclass_ca.load_cache(path)
 
 
-def test_a_damaged_file_is_refused_before_anything_is_loaded(tmp_path, monkeypatch):
-    loaded = []
-    monkeypatch.setattr(_compat, "load_cache_artifacts", loaded.append)
+def test_a_damaged_file_is_refused_before_anything_is_loaded(tmp_path, loaded_into_torch):
+    loaded = loaded_into_torch
     path = tmp_path / "damaged.cache"
     _write(path, cache._header(), b"artifacts")
     path.write_bytes(path.read_bytes()[:-3] + b"XYZ")  # payload no longer matches its checksum
@@ -75,9 +82,8 @@ def test_a_file_that_is_not_ours_is_refused(tmp_path):
         subclass_ca.load_cache(path)
 
 
-def test_strict_false_skips_a_bad_file_with_a_warning(tmp_path, monkeypatch):
-    loaded = []
-    monkeypatch.setattr(_compat, "load_cache_artifacts", loaded.append)
+def test_strict_false_skips_a_bad_file_with_a_warning(tmp_path, loaded_into_torch):
+    loaded = loaded_into_torch
     path = tmp_path / "other.bin"
     path.write_bytes(b"junk")
     with pytest.warns(RuntimeWarning, match="compiles afresh"):
@@ -85,9 +91,8 @@ def test_strict_false_skips_a_bad_file_with_a_warning(tmp_path, monkeypatch):
     assert loaded == []
 
 
-def test_a_good_file_reaches_torch_and_reports_what_it_held(tmp_path, monkeypatch):
-    loaded = []
-    monkeypatch.setattr(_compat, "load_cache_artifacts", loaded.append)
+def test_a_good_file_reaches_torch_and_reports_what_it_held(tmp_path, loaded_into_torch):
+    loaded = loaded_into_torch
     path = tmp_path / "good.cache"
     _write(path, cache._header(), b"artifacts")
     info = subclass_ca.load_cache(path)
