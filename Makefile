@@ -1,10 +1,11 @@
 # Every target creates its venv and installs on first use. One venv per torch lane:
 #   make test                  -> torch 2.13.0 in .venv (the default lane; the local CPU wheel)
-#   make test TORCH=2.14.1     -> .venv-2.14.1 (local package index)
-#   make test TORCH=2.15.0     -> .venv-2.15.0 (public index; that venv's pip ignores the machine's torch cap)
+#   make test TORCH=2.11.0     -> .venv-2.11.0 (public index; likewise 2.12.1, 2.14.1, 2.15.0: one venv per lane)
+# Only the default lane takes the local CPU wheel; every other lane's pip ignores the machine's pip config (a torch
+# cap, where one is set) and the local wheel folder, so it gets exactly the public wheel it names.
 PYTHON ?= python3
 TORCH  ?= 2.13.0
-LANES  ?= 2.13.0 2.14.1 2.15.0
+LANES  ?= 2.11.0 2.12.1 2.13.0 2.14.1 2.15.0
 ifeq ($(TORCH),2.13.0)
 VENV   ?= .venv
 else
@@ -12,24 +13,24 @@ VENV   ?= .venv-$(TORCH)
 endif
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.subclass_ca-installed
-# This machine's pip config caps torch at 2.14.1 (/etc/xdg/pip); a newer lane lifts it for its own pip only.
-PIP    := $(if $(filter 2.15.%,$(TORCH)),PIP_CONFIG_FILE=/dev/null,) $(PY) -m pip
+PIP    := $(if $(filter 2.13.0,$(TORCH)),,env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null) $(PY) -m pip
 
-.PHONY: setup demo test test-fast test-lanes bench bench-quick check versions gpu-check gpu-check-dry clean
+.PHONY: setup demo test test-fast test-lanes bench bench-quick fsdp2 check versions gpu-check gpu-check-dry gpu-wheels clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH)
 	$(PIP) install -q -e '.[test,demo,torchao]'
-	@# installing subclass_ca must never replace the lane's torch (pyproject admits >=2.13,<2.16)
+	@# installing subclass_ca must never replace the lane's torch (pyproject declares no torch requirement)
 	$(PY) -c "import sys, torch; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '$(TORCH)' else f'installing subclass_ca changed torch $(TORCH) -> {v}')"
 	touch $(STAMP)
 
 setup: $(STAMP)
 
+# The repository's tools (tools/, not in the wheel) run from the checkout: python -m tools COMMAND (docs/design.md).
 demo: $(STAMP)
-	$(PY) -m subclass_ca demo $(DEMO_ARGS)
+	$(PY) -m tools demo $(DEMO_ARGS)
 
 # SUITE=full (default): every test; SUITE=lane: what CI runs on the other torch lanes (Note [The lane suite]
 # in tests/conftest.py). Two pytest-xdist workers, one torch thread each (2 cores; WORKERS=0 runs in-process).
@@ -50,11 +51,16 @@ test-lanes:
 # the full benchmark (<= 10 min on a 2-core machine): RESULTS.md, results.json, bench.png in benchmarks/
 BENCH_ARGS ?= --threads 1 --no-progress --tp --fsdp2 --append benchmarks/analysis.md
 bench: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m subclass_ca bench $(BENCH_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m tools bench $(BENCH_ARGS)
 
 # the CI smoke run of the same pipeline (<= 2 min)
 bench-quick: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m subclass_ca bench --quick --threads 1 --no-progress --no-plot --out-dir build/bench-quick
+	OMP_NUM_THREADS=1 $(PY) -m tools bench --quick --threads 1 --no-progress --no-plot --out-dir build/bench-quick
+
+# FSDP2 parity on 2 gloo processes: every mode against eager FSDP2 and a dense run (docs/distributed.md)
+FSDP2_ARGS ?= --nproc 2
+fsdp2: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m tools fsdp2 $(FSDP2_ARGS)
 
 check: $(STAMP)
 	$(PY) -m subclass_ca check $(CHECK_ARGS)
@@ -63,20 +69,25 @@ check: $(STAMP)
 versions:
 	set -e; for torch in $(LANES); do $(MAKE) --no-print-directory setup TORCH=$$torch; \
 	  venv=$$( [ $$torch = 2.13.0 ] && echo .venv || echo .venv-$$torch ); \
-	  $$venv/bin/python -m subclass_ca versions run --json build/versions/$$torch.json; done
-	$(PY) -m subclass_ca versions render build/versions/*.json --out docs/versions.md
+	  $$venv/bin/python -m tools versions run --json build/versions/$$torch.json; done
+	$(PY) -m tools versions render build/versions/*.json --out docs/versions.md
 
 # One command that verifies the library on one CUDA GPU (docs/gpu.md): tests, demo, bench blocks, FSDP2, under a
-# GPU_BUDGET (seconds, counted from make's start, so creating the venv counts). It makes $(GPU_VENV) with the public
+# GPU_BUDGET (seconds, counted from make's start, so creating the venv counts). With GPU_PYTHON=python3 (the lent
+# device's only interpreter: torch 2.11.0+cu130, no network) it uses that interpreter and makes no venv: subclass_ca
+# and the tools come from this checkout (never pip-installed there), the optional extras from the wheels in
+# GPU_WHEELS (make gpu-wheels, here), installed offline. Without GPU_PYTHON it makes $(GPU_VENV) with the public
 # index's default Linux torch wheel, a CUDA build (its pip ignores this machine's pip config and torch cap, and the
-# local CPU wheels of PIP_FIND_LINKS, which would win for torch==2.13.0), or with GPU_PYTHON=/path/to/python uses that
-# interpreter (a CUDA torch 2.13-2.15 with the test extra) and makes no venv.
+# local CPU wheels of PIP_FIND_LINKS, which would win for torch==2.13.0). tools/device_gpu_check.sh is the same
+# check as one command for the device (results under $OUT).
 GPU_VENV   ?= .venv-cuda
 GPU_STAMP  := $(GPU_VENV)/.subclass_ca-installed
 GPU_PIP    := env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(GPU_VENV)/bin/python -m pip
 GPU_PY     := $(or $(GPU_PYTHON),$(GPU_VENV)/bin/python)
-GPU_OUT    ?= gpu-check-out
-GPU_BUDGET ?= 480
+GPU_OUT    ?= $(or $(OUT),gpu-check-out)
+GPU_BUDGET ?= 360
+GPU_WHEELS ?= wheels
+GPU_CHECK  := -m tools gpu-check --out $(GPU_OUT) --budget-s $(GPU_BUDGET) --wheels $(GPU_WHEELS) $(GPU_ARGS)
 ifneq ($(filter gpu-check,$(MAKECMDGOALS)),)
 GPU_START  := $(shell date +%s)
 endif
@@ -90,11 +101,21 @@ $(GPU_STAMP): pyproject.toml
 	touch $(GPU_STAMP)
 
 gpu-check: $(if $(GPU_PYTHON),,$(GPU_STAMP))
-	$(GPU_PY) -m subclass_ca gpu-check --out $(GPU_OUT) --budget-s $(GPU_BUDGET) --started-at $(GPU_START) $(GPU_ARGS)
+	$(GPU_PY) $(GPU_CHECK) --started-at $(GPU_START)
 
-# the same plan checked without CUDA (what CI's tests/tools/test_gpu_check.py runs too)
+# the same invocation checked without CUDA (CI's tests/tools/test_gpu_check.py runs it too); TORCH=2.11.0 checks it
+# on the device's torch release
 gpu-check-dry: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m subclass_ca gpu-check --dry-run --out $(GPU_OUT) --budget-s $(GPU_BUDGET) $(GPU_ARGS)
+	OMP_NUM_THREADS=1 $(PY) $(GPU_CHECK) --dry-run
+
+# the optional extras the device lacks, as wheels for its Python 3.12 (x86-64): run here, where the network is;
+# carried to the device with carry: ["wheels"] (docs/gpu.md)
+GPU_WHEEL_SPECS ?= torchao==0.18.0
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d $(GPU_WHEELS) $(GPU_WHEEL_SPECS)
+	ls -l $(GPU_WHEELS)
 
 clean:
 	rm -rf .venv .venv-* demo-out gpu-check-out .pytest_cache build

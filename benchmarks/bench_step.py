@@ -1,7 +1,7 @@
 """Benchmark one training step: eager / torch.compile / stock compiled autograd / subclass_ca.
 
-Thin entry point; the engine is ``subclass_ca._tools.bench`` (same as ``python -m subclass_ca bench``
-and ``make bench``).  Examples::
+Thin entry point; the engine is ``tools/bench.py`` (same as ``python -m tools bench`` and
+``make bench``), imported from this checkout.  Examples::
 
     python benchmarks/bench_step.py --quick --out-dir /tmp/bench
     python benchmarks/bench_step.py --threads 1          # full run, writes benchmarks/RESULTS.md
@@ -11,8 +11,11 @@ and ``make bench``).  Examples::
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from subclass_ca._tools.bench import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: `tools` is not installed
+
+from tools.bench import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -35,7 +35,7 @@ What subclass_ca's NF4 handler does and does not do here
   its backward only reads the weight's inner tensors.  What subclass_ca adds for this model
   is the capture of the backward itself (one compiled backward graph, ``fullgraph=True``),
   not NF4 handling.
-* subclass_ca registers a handler for ``NF4Tensor`` (``subclass_ca.handlers.torchao``,
+* subclass_ca registers a handler for ``NF4Tensor`` (``subclass_ca._builtin_handlers.torchao``,
   registered lazily, without importing torchao).  It is used only if compiled autograd's
   backward epilogue had to build an ``NF4Tensor`` (an NF4-typed gradient); it would then
   rebuild it with ``NF4Tensor.__tensor_unflatten__`` (the protocol default), one graph

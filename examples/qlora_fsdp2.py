@@ -37,7 +37,7 @@ What subclass_ca's NF4 handler does and does not do here
   is running those hooks correctly inside the captured backward (on torch 2.13 with a graph
   break at each hook, ``fullgraph=False``: the report says so; stock compiled autograd gets
   FSDP2 wrong there, see docs/distributed.md).
-* subclass_ca's ``NF4Tensor`` handler (``subclass_ca.handlers.torchao``, registered lazily)
+* subclass_ca's ``NF4Tensor`` handler (``subclass_ca._builtin_handlers.torchao``, registered lazily)
   is used only if the backward epilogue had to build an NF4-typed gradient; QLoRA never does,
   and this script does not exercise it.  It does not train NF4 weights, and it does not
   change torchao's numerics or FSDP2's all-gather of the NF4 shards.

@@ -8,11 +8,11 @@ function on N local processes, bounded; tooling, imported only on demand).
 
 from __future__ import annotations
 
-from . import handlers as _builtin_handlers  # noqa: F401  (registers the built-in handlers)
+from . import _builtin_handlers  # noqa: F401  (registers the built-in handlers)
 from . import diagnostics
 from ._compat import SUPPORTED_TORCH, TESTED_TORCH
 from .api import enable, reset
-from .cache import CacheFile, load_cache, save_cache
+from ._warm_start.files import CacheFile, load_cache, save_cache
 from .config import Config
 from .diagnostics import CaptureReport, cache_stats, clear_reports, last_report, reports
 from .errors import (
@@ -30,10 +30,10 @@ from .errors import (
     UnsupportedSubclassError,
     UnsupportedTorchError,
 )
-from .handler import MODES, Handler
+from ._handler import MODES, Handler
 from .registry import get_handler, handler, handlers, register_handler, unregister_handler
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     # capture

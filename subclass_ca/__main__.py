@@ -1,40 +1,42 @@
-"""``python -m subclass_ca {demo,check,bench,fsdp2,fsdp2-profile,fsdp2-cost,versions,gpu-check}``: each subcommand lives in its own module."""
+"""``python -m subclass_ca check``: certify registered and zoo subclasses (the testing kit's CLI).
+
+The demo, the benchmarks, the FSDP2 runs, the support table and the GPU check are the
+repository's tools, not part of the installed package: from a checkout, ``make demo`` /
+``make bench`` / ... or ``python -m tools <command>`` (docs/design.md).
+"""
 
 from __future__ import annotations
 
-import importlib
 import sys
 
-_COMMANDS = {
-    "demo": ("subclass_ca._tools.demo", "train a small subclass model in four modes side by side"),
-    "check": ("subclass_ca.testing._cli", "certify registered and zoo subclasses; print a table"),
-    "bench": ("subclass_ca._tools.bench", "benchmark eager / compile / stock CA / subclass_ca"),
-    "fsdp2": ("subclass_ca._tools.fsdp2_parity", "FSDP2 (fully_shard) on N processes: each mode vs eager FSDP2 and a dense run"),
-    "fsdp2-profile": ("subclass_ca._tools.fsdp2_profile", "FSDP2 backward under torch.profiler: where the reduce-scatters run, eager vs subclass_ca"),
-    "fsdp2-cost": ("subclass_ca._tools.fsdp2_cost", "FSDP2 backward time: compiled autograd itself vs compiling its pieces, against eager FSDP2"),
-    "versions": ("subclass_ca._tools.support_table", "support table: run one torch lane (run) or merge lanes (render)"),
-    "gpu-check": ("subclass_ca._tools.gpu_check", "verify the library on one CUDA GPU (tests, demo, bench, FSDP2); --dry-run without one"),
-}
+#: Commands that moved out of the package into the repository's ``tools/`` (``python -m tools COMMAND``).
+MOVED: tuple[str, ...] = ("demo", "bench", "fsdp2", "fsdp2-profile", "fsdp2-cost", "versions", "gpu-check")
 
+USAGE = """usage: python -m subclass_ca check [options]
 
-def _usage() -> str:
-    lines = ["usage: python -m subclass_ca {" + ",".join(_COMMANDS) + "} [options]", ""]
-    width = max(map(len, _COMMANDS))
-    lines += [f"  {name:{width}s} {help_text}" for name, (_, help_text) in _COMMANDS.items()]
-    return "\n".join(lines)
+  check  certify registered and zoo subclasses; print a table (python -m subclass_ca check --help)
+
+The demo, benchmarks, FSDP2 runs, support table and GPU check live in the repository, not in the
+package: from a checkout, `make demo`, `make bench`, ... or `python -m tools --help`."""
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
+        print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command not in _COMMANDS:
-        print(f"subclass_ca: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+    if command == "check":
+        from .testing import _cli
+
+        return int(_cli.main(rest) or 0)
+    if command in MOVED:
+        print(f"subclass_ca: `python -m subclass_ca {command}` is no longer part of the installed package; from a "
+              f"checkout of the repository run `python -m tools {command}` (or its make target, e.g. `make demo`).",
+              file=sys.stderr)
         return 2
-    module = importlib.import_module(_COMMANDS[command][0])
-    return int(module.main(rest) or 0)
+    print(f"subclass_ca: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from .errors import UnsupportedSubclassError
 __all__ = [
     "allocation_keeps_type",
     "accumulate_subclass_grad",
+    "assign_subclass_grad",
     "steal_subclass_accumulates",
     "accumulation_dtype",
     "grad_placeholder",
@@ -84,6 +85,19 @@ def accumulate_subclass_grad(
     return _stock_accumulate(variable, variable_grad, grad, has_post_hooks)
 
 
+def assign_subclass_grad(variable: torch.Tensor, grad: torch.Tensor, has_post_hooks: bool) -> None:
+    """:func:`accumulate_subclass_grad` for torch's assigning AccumulateGrad shape (up to torch 2.12).
+
+    That shape's node reads ``variable.grad`` when the graph runs (Note [Two shapes of AccumulateGrad
+    under compiled autograd] in ``_compat/accumulate.py``), so "is this the first
+    accumulation" is decided here, as eager decides it.
+    """
+    if variable.grad is None and grad.stride() == variable.stride():
+        variable.grad = grad
+        return None
+    return _stock_accumulate(variable, grad, has_post_hooks)
+
+
 def steal_subclass_accumulates(graph_module: torch.fx.GraphModule) -> list[str]:
     """Retarget first accumulations of type-losing subclass grads; returns the subclass names."""
     global _stock_accumulate
@@ -91,14 +105,18 @@ def steal_subclass_accumulates(graph_module: torch.fx.GraphModule) -> list[str]:
     _stock_accumulate = stock
     retargeted = []
     for node in list(graph_module.graph.nodes):
-        if node.op != "call_function" or node.target is not stock or len(node.args) < 3:
+        if node.op != "call_function" or node.target is not stock:
             continue
-        grad = node.args[2]
+        parts = _compat.accumulate_node_parts(node.args)
+        if parts is None:
+            continue
+        _, variable_grad, grad = parts
         meta = grad.meta.get("subclass_ca") if isinstance(grad, torch.fx.Node) else None
         # steal unless the capture *proved* that allocation keeps the type: unknown (no fake outputs to
         # probe, e.g. after an AOTAutograd cache hit) must not fall back to torch's densifying path
-        if node.args[1] is None and meta is not None and meta["mode"] != "opaque" and meta.get("alloc_keeps_type") is not True:
-            node.target = accumulate_subclass_grad
+        first = variable_grad is None or variable_grad is _compat.NO_GRAD_ARG
+        if first and meta is not None and meta["mode"] != "opaque" and meta.get("alloc_keeps_type") is not True:
+            node.target = assign_subclass_grad if variable_grad is _compat.NO_GRAD_ARG else accumulate_subclass_grad
             retargeted.append(grad.target._subclass_ca_type.__name__)
     if retargeted:
         graph_module.recompile()

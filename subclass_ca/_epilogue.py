@@ -54,7 +54,8 @@ from typing import Any
 
 import torch
 
-from . import _cacheable, _compat, diagnostics
+from . import _compat, diagnostics
+from ._warm_start import cacheable as _cacheable
 from ._accumulate import allocation_keeps_type
 from ._nodes import graph_callable
 from ._recipe import (
@@ -69,7 +70,7 @@ from ._recipe import (
 )
 from .config import Config
 from .errors import RebuildError, UnsupportedSubclassError
-from .handler import default_handler
+from ._handler import default_handler
 
 __all__ = ["proxy_call_aot_backward", "capture_config", "warn_fallback_once"]
 
@@ -217,12 +218,5 @@ def _proxy_aot_backward_with_epilogue(compiler: Any, ctx: Any, call_original: An
         return call_original()
     examples = _compat.backward_output_examples(ctx)
     override = _make_override(compiler, examples, settings)
-
-    def make_epilogue(original: Any) -> Any:
-        def epilogue(outputs: Any, make_subclass_override: Any = None) -> Any:
-            return original(outputs, make_subclass_override=override)
-
-        return epilogue
-
-    with _compat.swapped_epilogue(ctx, make_epilogue):
+    with _compat.swapped_epilogue(ctx, override):
         return call_original()

@@ -28,7 +28,7 @@ then go wrong with stock torch:
    un-reduced ``Tensor`` gradient, and FSDP2 believes the callback is still queued, so it
    never queues it again.  Silently wrong.
 
-What ``enable()`` does about it (``api._CompiledCAGraph`` calls :func:`prepare` before,
+What ``enable()`` does about it (``_graph.CompiledCAGraph`` calls :func:`prepare` before,
 :func:`final_callbacks` around and :func:`check_finished` after every run):
 
 * Before each run it looks at the hook objects compiled autograd passes to the graph.

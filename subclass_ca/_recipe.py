@@ -37,7 +37,7 @@ import torch
 
 from . import _compat
 from .errors import MetadataMismatchError, RebuildError, UnsupportedSubclassError
-from .handler import Handler
+from ._handler import Handler
 from .registry import get_handler
 
 __all__ = [

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from . import _compat, _runtime, diagnostics
-from .config import Config
+from . import _compat, _compiler, _runtime, diagnostics
+from .config import SETTINGS, Config
 
 __all__ = ["enable", "reset"]
 
@@ -40,7 +40,7 @@ def _check_backend(backend: Any) -> None:
 # ------------------------
 # The idiom is a fresh ``enable(...)`` per training step.  Equal settings therefore share one
 # validated Config, one CACompiler (its compiler factory built once) and one cache token
-# (``_runtime.settings_for``), so constructing an ``enable`` costs a dict lookup: keyword
+# (``_compiler.settings_for``), so constructing an ``enable`` costs a dict lookup: keyword
 # arguments seen before map straight to their Settings (``_by_keywords``), without building or
 # validating a Config.  Flags given are keyed by identity (``id(True)``), so ``dynamic=1`` never
 # finds ``dynamic=True``'s entry and is still rejected; compile kwargs are keyed with each
@@ -52,7 +52,7 @@ def _check_backend(backend: Any) -> None:
 
 _info_enabled = diagnostics.logger.isEnabledFor
 """``diagnostics.miss_reasons_requested`` without its frame: asked on every construction."""
-_by_keywords: dict[tuple[Any, ...], _runtime.Settings] = {}
+_by_keywords: dict[tuple[Any, ...], _compiler.Settings] = {}
 _MAX_KEYWORD_SETS = 1024
 """Beyond this many distinct keyword sets (e.g. a new lambda backend per step) no more are remembered."""
 
@@ -108,16 +108,15 @@ class enable:
         else:
             if not isinstance(config, Config):
                 raise TypeError(f"enable(config=...) takes a subclass_ca.Config, got {type(config).__name__}")
-            keywords = [name for name, value in (("backend", backend), ("dynamic", dynamic), ("strict", strict),
-                        ("on_unsupported", on_unsupported), ("report", report), ("fullgraph", fullgraph))
-                        if value is not None]
+            given = locals()
+            keywords = [name for name in SETTINGS if given[name] is not None]
             if keywords or compile_kwargs:
                 raise TypeError(
                     f"enable(config=...) was also given {sorted([*keywords, *compile_kwargs])}: put every setting "
                     "in the Config (dataclasses.replace(config, ...)) or pass keywords only"
                 )
             _check_backend(config.backend)
-            settings = _runtime.settings_for(config)
+            settings = _compiler.settings_for(config)
             self.config = config
         self._compiler = settings.compiler
         self._token = settings.token
@@ -127,23 +126,13 @@ class enable:
     def _settings(
         backend: Any, dynamic: Any, strict: Any, on_unsupported: Any, report: Any, fullgraph: Any,
         compile_kwargs: dict[str, Any],
-    ) -> _runtime.Settings:
+    ) -> _compiler.Settings:
         """Validate keyword settings into a Config (first time seen) and return their shared Settings."""
-        keywords = {
-            name: value
-            for name, value in (
-                ("backend", backend),
-                ("dynamic", dynamic),
-                ("strict", strict),
-                ("on_unsupported", on_unsupported),
-                ("report", report),
-                ("fullgraph", fullgraph),
-            )
-            if value is not None
-        }
+        given = locals()
+        keywords = {name: given[name] for name in SETTINGS if given[name] is not None}
         config = Config(**keywords, compile_kwargs=compile_kwargs)
         _check_backend(config.backend)
-        return _runtime.settings_for(config)
+        return _compiler.settings_for(config)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # Note [A bare @enable]: @subclass_ca.enable over a step that cannot be a backend

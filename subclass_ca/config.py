@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["Config", "ON_UNSUPPORTED"]
+__all__ = ["Config", "ON_UNSUPPORTED", "SETTINGS", "CACHE_KEYED_SETTINGS", "FLAGS", "cache_key"]
 
 ON_UNSUPPORTED: tuple[str, ...] = ("error", "eager")
 _RESERVED_COMPILE_KWARGS = ("backend", "fullgraph")
@@ -27,7 +27,7 @@ class Config:
     """Check every rebuilt subclass against the metadata recorded at capture; raise on mismatch."""
     on_unsupported: str = "error"
     """An unregistered subclass whose constructor cannot be traced: "error" raises, "eager" rebuilds it opaquely."""
-    report: bool = False
+    report: bool = field(default=False, metadata={"keys_cache": False})
     """Log a capture report (see ``subclass_ca.last_report()``) after every capture; collect cache-miss reasons."""
     fullgraph: bool = True
     """Compile the CA graph whole.  True: a backward that needs a graph break (e.g. an optimizer step
@@ -48,8 +48,25 @@ class Config:
                 f"Config.compile_kwargs must not set {reserved}: pass backend= and fullgraph= as settings of "
                 "their own (enable(backend=..., fullgraph=...))"
             )
-        for name in ("dynamic", "strict", "report", "fullgraph"):
+        for name in FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
         if self.on_unsupported not in ON_UNSUPPORTED:
             raise ValueError(f"Config.on_unsupported: got {self.on_unsupported!r}, allowed values are {ON_UNSUPPORTED}")
+
+
+# The settings are declared once, as the fields above; everything else derives from them.
+SETTINGS: tuple[str, ...] = tuple(f.name for f in fields(Config) if f.name != "compile_kwargs")
+"""The settings ``enable()`` takes as keywords (besides ``**compile_kwargs``), in declaration order."""
+CACHE_KEYED_SETTINGS: tuple[str, ...] = tuple(f.name for f in fields(Config) if f.metadata.get("keys_cache", True))
+"""The settings that change what a CA graph is (each distinct combination gets its own CA cache entries)."""
+FLAGS: tuple[str, ...] = tuple(f.name for f in fields(Config) if f.type in ("bool", bool))
+"""The settings that must be exactly True or False."""
+
+
+def cache_key(config: Config) -> tuple[Any, ...]:
+    """The value of :data:`CACHE_KEYED_SETTINGS` of ``config``, hashable (compile kwargs compared by ``repr``)."""
+    return tuple(
+        repr(sorted(config.compile_kwargs.items())) if name == "compile_kwargs" else getattr(config, name)
+        for name in CACHE_KEYED_SETTINGS
+    )

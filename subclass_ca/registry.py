@@ -16,7 +16,7 @@ import torch
 
 from . import _compat
 from .errors import DuplicateHandlerError, RegistrationError
-from .handler import (
+from ._handler import (
     MODES,
     Handler,
     MetadataKeyFn,

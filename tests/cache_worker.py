@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 
 import subclass_ca
-from subclass_ca import _cacheable, _compat, cache
+from subclass_ca import _compat
+from subclass_ca._warm_start import cacheable as _cacheable
+from subclass_ca._warm_start import files as cache
 from subclass_ca.testing.subclasses import PairTensor, TaggedTensor
 
 

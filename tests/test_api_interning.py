@@ -137,3 +137,24 @@ def test_unknown_backend_error_lists_user_facing_backends_only():
         assert repr(name) in message
     assert "'aot_eager'" in message and "'eager'" in message
     assert "TESTING_ONLY" not in message and "minifier" not in message
+
+
+def test_the_settings_are_declared_once_as_config_fields():
+    """enable()'s keywords, the CA cache key and the flag validation all derive from Config's fields."""
+    import dataclasses
+    import inspect
+
+    from subclass_ca import config as config_module
+
+    fields = [f.name for f in dataclasses.fields(subclass_ca.Config)]
+    assert config_module.SETTINGS == tuple(f for f in fields if f != "compile_kwargs")
+    keywords = [p.name for p in inspect.signature(subclass_ca.enable.__init__).parameters.values()
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "config")]
+    assert sorted(keywords) == sorted(config_module.SETTINGS), "enable() and Config disagree on the settings"
+    assert "report" not in config_module.CACHE_KEYED_SETTINGS  # read by the compiler, not a different graph
+    assert set(config_module.FLAGS) == {"dynamic", "strict", "report", "fullgraph"}
+    base = subclass_ca.Config()
+    for name in config_module.CACHE_KEYED_SETTINGS:
+        if name in config_module.FLAGS:
+            changed = dataclasses.replace(base, **{name: not getattr(base, name)})
+            assert config_module.cache_key(changed) != config_module.cache_key(base), name

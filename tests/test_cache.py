@@ -7,7 +7,8 @@ import json
 import pytest
 
 import subclass_ca
-from subclass_ca import _compat, cache
+from subclass_ca import _compat
+from subclass_ca._warm_start import files as cache
 from tests.cache_worker import run_step
 
 needs_cache_hooks = pytest.mark.skipif(
@@ -111,3 +112,19 @@ def test_saving_before_anything_compiled_says_when_to_call_it(tmp_path, monkeypa
     with pytest.raises(subclass_ca.CacheFileError, match="after the first steps"):
         subclass_ca.save_cache(tmp_path / "x.cache")
     assert not (tmp_path / "x.cache").exists()
+
+
+def test_saving_on_a_torch_that_cannot_cache_ca_graphs_says_so(monkeypatch):
+    """torch 2.11/2.12 (no cache-key hook for a graph's globals): the save warms forwards only, and says so."""
+    monkeypatch.setattr(_compat, "marked_cacheable_supported", lambda: False)
+    with pytest.warns(RuntimeWarning, match=r"cannot cache compiled-autograd graphs.*traces and compiles each CA graph again"):
+        subclass_ca.save_cache()
+
+
+@needs_cache_hooks
+def test_saving_on_a_torch_that_caches_ca_graphs_does_not_warn():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        subclass_ca.save_cache()

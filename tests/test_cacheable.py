@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from subclass_ca import _cacheable, _compat
+from subclass_ca import _compat
+from subclass_ca._warm_start import cacheable as _cacheable
 from tests.cache_worker import assert_matches_eager, run_step
 
 pytestmark = [

@@ -11,9 +11,11 @@ How blocks are checked (one test per block, id ``<doc>:<line>``):
   ``python name.py`` in a subprocess.  Blocks in :data:`COMPILE_ONLY` are compiled, not run (each with its
   reason); blocks in :data:`MARKS` carry a pytest mark (inductor, distributed, slow).
 * ```` ```bash ````: every command line is checked without running anything heavy:
-  ``make X`` must be a Makefile target; ``python -m MOD ...``, ``python FILE ...`` and
-  ``torchrun ... FILE ...`` run ``--help`` of that entry point and every ``--flag`` the doc
-  uses must be in its help; ``pip install`` lines are not run (they install).
+  ``make X`` must be a Makefile target; ``python -m MOD ...`` (``python -m subclass_ca check``,
+  ``python -m tools COMMAND``), ``python FILE ...`` and ``torchrun ... FILE ...`` run ``--help``
+  of that entry point and every ``--flag`` the doc uses must be in its help; ``bash FILE.sh ...``
+  must name a script of the repository, and its flags must be in the help of the
+  ``python -m tools COMMAND`` it runs; ``pip install`` lines are not run (they install).
 * ```` ```text ```` is output and is not run; an unlabelled fence is an error (label it).
 
 A block's state (handlers it registers, modules it wrote, compiled-autograd caches) is
@@ -203,12 +205,18 @@ def _entry_point(argv: list[str]) -> tuple[list[str], list[str]] | None:
     if argv[0] == "torchrun":
         script = next(i for i, a in enumerate(argv) if a.endswith(".py"))
         return [sys.executable, argv[script]], argv[script + 1:]
+    if argv[0] in ("bash", "sh") and argv[1].endswith(".sh"):
+        script = ROOT / argv[1]
+        assert script.is_file(), f"no script {argv[1]} in the repository"
+        runs = re.search(r"-m tools ([\w-]+)", script.read_text())
+        assert runs, f"{argv[1]} runs no `python -m tools COMMAND`: don't know how to check its flags"
+        return [sys.executable, "-m", "tools", runs.group(1)], argv[2:]
     if argv[0] not in ("python", "python3"):
         return None
     if argv[1] == "-m":
         module, rest = argv[2], argv[3:]
         prefix = [sys.executable, "-m", module]
-        if module == "subclass_ca" and rest and not rest[0].startswith("-"):
+        if module in ("subclass_ca", "tools") and rest and not rest[0].startswith("-"):
             prefix, rest = [*prefix, rest[0]], rest[1:]
             if prefix[-1] == "versions" and rest and not rest[0].startswith("-"):
                 prefix, rest = [*prefix, rest[0]], rest[1:]
@@ -230,6 +238,10 @@ def _help(prefix: list[str]) -> str:
                 from subclass_ca.__main__ import main
 
                 sys.exit(main([*rest, "--help"]))
+            elif target == "tools":
+                from tools.__main__ import main as tools_main
+
+                sys.exit(tools_main([*rest, "--help"]))
             elif prefix[1] == "-m":
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
             else:
@@ -257,9 +269,12 @@ def _unknown_flags(prefix: list[str], args: list[str]) -> list[str]:
 
 def test_the_flag_check_catches_a_flag_the_entry_point_lacks():
     """Guard against a vacuous pass: the old docs' ``--modes`` (the flag is ``--fsdp2-modes``)."""
-    prefix, args = _entry_point(shlex.split("python -m subclass_ca fsdp2 --nproc 2 --modes eager --fsdp2-steps 2"))
-    assert prefix[-2:] == ["subclass_ca", "fsdp2"]
+    prefix, args = _entry_point(shlex.split("python -m tools fsdp2 --nproc 2 --modes eager --fsdp2-steps 2"))
+    assert prefix[-2:] == ["tools", "fsdp2"]
     assert _unknown_flags(prefix, args) == ["--modes"]
+    prefix, args = _entry_point(shlex.split("bash tools/device_gpu_check.sh --dry-run --bogus"))
+    assert prefix[-2:] == ["tools", "gpu-check"]
+    assert _unknown_flags(prefix, args) == ["--bogus"]
 
 
 def _make_targets() -> set[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from subclass_ca import _cacheable
-from subclass_ca._fingerprint import Unstable, describe
+from subclass_ca._warm_start import cacheable as _cacheable
+from subclass_ca._warm_start.fingerprint import Unstable, describe
 
 
 class SelfNaming(torch.Tensor):

@@ -15,8 +15,9 @@ import torch
 
 import subclass_ca
 from subclass_ca import _compat, _fsdp2
-from subclass_ca._tools import fsdp2_parity as fsdp2
-from subclass_ca._tools.fsdp2_parity import BlockShape, FSDP2Run
+from tools import fsdp2_parity as fsdp2
+from tools.fsdp2_parity import BlockShape, FSDP2Run
+from subclass_ca.distributed import WorkerError
 
 # --- worker functions (module level: spawned workers import them by name) --------------
 
@@ -24,7 +25,7 @@ from subclass_ca._tools.fsdp2_parity import BlockShape, FSDP2Run
 def _fsdp2_model_and_loss(rank: int) -> tuple[torch.nn.Module, torch.Tensor, dict[str, torch.Tensor]]:
     run = FSDP2Run()
     model = fsdp2.build_model(run)
-    fsdp2._shard(model, run)
+    fsdp2.shard(model, run)
     before = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
     x, y = fsdp2.rank_batch(run, rank, 0)
     loss = torch.nn.functional.mse_loss(torch.compile(model, backend="aot_eager")(x), y)
@@ -128,9 +129,26 @@ def test_subclass_ca_fsdp2_backward_ran_through_compiled_autograd_with_reported_
 def test_stock_compiled_autograd_leaves_fsdp2_unsharded_and_unreduced(default_runs: dict) -> None:
     """The issue's reproduction: if this starts passing, torch fixed it and docs/distributed.md needs updating."""
     stock = default_runs["by_mode"]["stock_ca"][0]
-    assert "error_type" not in stock, stock
+    if "error_type" in stock:  # torch 2.11: FSDP2's final callback is refused under stock CA (never a result)
+        assert "queue_callback() is only supported when Compiled Autograd" in stock["message"], stock
+        return
     problems = fsdp2.verify_against_dense(stock, default_runs["reference"])
     assert any("expected a sharded DTensor, got Parameter" in p for p in problems), problems
+
+
+def _launch_retrying_a_crash(launch):
+    """One more launch when a rank died by a signal without a word (seen once in CI on torch 2.13: exit -6 in
+    one gloo rank of this 2-process launch, not reproduced in later runs).  A rank that raised, or a second
+    crash, fails the test as before; the retry is reported as a warning, never silent."""
+    import warnings
+
+    try:
+        return launch()
+    except WorkerError as error:
+        if "without a result" not in str(error) or error.worker_traceback:
+            raise
+        warnings.warn(f"FSDP2 launch retried once after a crashed rank: {error}", RuntimeWarning, stacklevel=2)
+        return launch()
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +161,8 @@ def variant_runs() -> dict:
         # (Note [A .grad of another dtype than its leaf] in _compat/workarounds.py)
         "bf16_params_accumulate": FSDP2Run(steps=2, param_dtype="bfloat16", accumulate=2),
     }
-    by_case = fsdp2.run_cases([(("eager", "subclass_ca"), run) for run in runs.values()], world_size=2, timeout_s=170)
+    cases = [(("eager", "subclass_ca"), run) for run in runs.values()]
+    by_case = _launch_retrying_a_crash(lambda: fsdp2.run_cases(cases, world_size=2, timeout_s=170))
     return {name: {"run": run, "by_mode": by_mode} for (name, run), by_mode in zip(runs.items(), by_case)}
 
 
@@ -158,6 +177,17 @@ def test_fsdp2_without_reshard_after_forward_and_with_eager_forward_matches_eage
         assert fsdp2.compare_runs(ca_rank, eager_rank, atol=0, rtol=0) == []
 
 
+def _eager_refuses(case: dict) -> bool:
+    """Eager FSDP2 itself raises on this torch (2.11 on CPU: bf16 MixedPrecisionPolicy, "Found dtype Float but
+    expected BFloat16"): then subclass_ca must raise too, never hand back a result eager cannot give."""
+    eager = case["by_mode"]["eager"]
+    if not any("error_type" in rank for rank in eager):
+        return False
+    for ca_rank in case["by_mode"]["subclass_ca"]:
+        assert "error_type" in ca_rank, f"eager FSDP2 raised ({eager[0].get('message')}) but subclass_ca gave a result"
+    return True
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(180)
 def test_fsdp2_bf16_mixed_precision_is_bitwise_equal_to_eager_fsdp2(variant_runs: dict) -> None:
@@ -166,6 +196,8 @@ def test_fsdp2_bf16_mixed_precision_is_bitwise_equal_to_eager_fsdp2(variant_runs
     Note [Gradient dtype at accumulation]: stock compiled autograd refuses the bf16 gradient there.
     """
     case = variant_runs["bf16_params"]
+    if _eager_refuses(case):
+        return
     reference = fsdp2.dense_reference(case["run"], 2)
     for ca_rank, eager_rank in zip(case["by_mode"]["subclass_ca"], case["by_mode"]["eager"]):
         assert "error_type" not in eager_rank, eager_rank
@@ -183,6 +215,8 @@ def test_fsdp2_bf16_mixed_precision_is_bitwise_equal_to_eager_fsdp2(variant_runs
 @pytest.mark.timeout(180)
 def test_fsdp2_bf16_mixed_precision_with_gradient_accumulation_is_bitwise_equal_to_eager_fsdp2(variant_runs: dict) -> None:
     case = variant_runs["bf16_params_accumulate"]
+    if _eager_refuses(case):
+        return
     reference = fsdp2.dense_reference(case["run"], 2)  # the sum over micro-batches, averaged over ranks
     for ca_rank, eager_rank in zip(case["by_mode"]["subclass_ca"], case["by_mode"]["eager"]):
         assert "error_type" not in eager_rank, eager_rank
@@ -211,7 +245,7 @@ SPLIT_CASES = {
 
 
 def _nf4_unavailable() -> str | None:
-    from subclass_ca._tools.bench_models import unavailable
+    from tools.bench_models import unavailable
 
     return unavailable("block_nf4")
 
@@ -381,10 +415,11 @@ def test_summary_marks_subclass_ca_correct_and_stock_ca_wrong(default_runs: dict
     assert modes["subclass_ca"]["matches_dense"] and modes["subclass_ca"]["bitwise_equal_to_eager"]
     assert modes["eager"]["ratio_vs_eager"] == 1.0
     assert modes["subclass_ca"]["ratio_vs_eager"] > 0
-    assert not modes["stock_ca"]["ok"] and modes["stock_ca"]["problems"]
+    assert not modes["stock_ca"]["ok"] and (modes["stock_ca"].get("problems") or modes["stock_ca"].get("error"))
     assert summary["ok"]  # stock_ca is shown, never counted
     table = fsdp2.format_summary(summary)
-    assert "subclass_ca" in table and "WRONG" in table and "bitwise" in table
+    stock_shown = "error: " if "error" in modes["stock_ca"] else "WRONG"  # torch 2.11 refuses; later ones run it wrong
+    assert "subclass_ca" in table and stock_shown in table and "bitwise" in table
     section = fsdp2.markdown_section(summary)
     assert "## FSDP2" in section
     assert "| subclass_ca |" in section and "| stock_ca |" in section
@@ -400,7 +435,7 @@ def test_cli_writes_the_markdown_section_with_its_command(default_runs: dict, mo
     assert fsdp2.main(["--markdown", str(path)]) == 0
     text = path.read_text()
     assert "## FSDP2" in text and "| subclass_ca |" in text
-    assert f"Command: `python -m subclass_ca fsdp2 --markdown {path}`" in text
+    assert f"Command: `python -m tools fsdp2 --markdown {path}`" in text
     assert "subclass_ca" in capsys.readouterr().out
 
 
@@ -433,9 +468,9 @@ def test_cli_rejects_unknown_mode_before_launching(capsys: pytest.CaptureFixture
 
 def test_cli_device_reaches_the_run_and_the_launch(monkeypatch) -> None:
     """``--device cuda`` (NCCL, one GPU per rank) is the run's device and its launch's; checked without launching."""
-    from subclass_ca._tools import launcher
+    from subclass_ca import distributed as launcher
 
-    modes, run = fsdp2.run_config(fsdp2._parser().parse_args(["--nproc", "1", "--device", "cuda", "--params", "two_tensor"]))
+    modes, run = fsdp2.run_config(fsdp2.build_parser().parse_args(["--nproc", "1", "--device", "cuda", "--params", "two_tensor"]))
     assert modes == list(fsdp2.MODES) and (run.device, run.params) == ("cuda", "two_tensor")
     devices = []
     monkeypatch.setattr(launcher, "run_workers", lambda fn, nproc, **kwargs: devices.append(kwargs["device"]) or [{"eager": {}}])
@@ -443,3 +478,28 @@ def test_cli_device_reaches_the_run_and_the_launch(monkeypatch) -> None:
     assert devices == ["cuda"]
     with pytest.raises(ValueError, match="one launch runs on one device"):
         fsdp2.run_cases([(("eager",), run), (("eager",), dataclasses.replace(run, device="cpu"))], world_size=1)
+
+
+def test_a_crashed_rank_is_retried_once_with_a_warning_and_a_raising_rank_never():
+    calls = []
+
+    def crash_then_result():
+        calls.append(1)
+        if len(calls) == 1:
+            raise WorkerError("rank 1 of 2 (f) exited with code -6 without a result (killed, crashed ...)", rank=1)
+        return "result"
+
+    with pytest.warns(RuntimeWarning, match="retried once after a crashed rank"):
+        assert _launch_retrying_a_crash(crash_then_result) == "result"
+
+    def raises():
+        raise WorkerError("rank 0 raised", rank=0, worker_traceback="Traceback ...")
+
+    with pytest.raises(WorkerError, match="rank 0 raised"):
+        _launch_retrying_a_crash(raises)
+
+    def always_crashes():
+        raise WorkerError("rank 1 of 2 (f) exited with code -6 without a result", rank=1)
+
+    with pytest.warns(RuntimeWarning), pytest.raises(WorkerError, match="without a result"):
+        _launch_retrying_a_crash(always_crashes)

@@ -1,4 +1,8 @@
-"""The architecture's two import rules (docs/design.md), checked on the source."""
+"""The architecture's import rules (docs/design.md), checked on the source.
+
+The runtime never imports the package's tooling (``testing``, ``__main__``, ``distributed``), nothing in the
+package imports the repository's tools (``tools/``, not packaged), and only ``_compat`` touches torch privates.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "subclass_ca"
-TOOLING = ("_tools", "testing", "__main__", "distributed")
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "subclass_ca"
+TOOLS = ROOT / "tools"
+TOOLING = ("testing", "__main__", "distributed")
 RUNTIME_MODULES = sorted(
     p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0].removesuffix(".py") not in TOOLING
 )
@@ -18,7 +24,7 @@ PRIVATE_TORCH_EXEMPT = {PACKAGE / "testing" / "subclasses.py"}
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -64,7 +70,7 @@ def _private_torch_uses(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", RUNTIME_MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_runtime_never_imports_tooling(path: Path):
-    tooling = [n for n in _imported(path) if n.startswith(("subclass_ca._tools", "subclass_ca.testing", "subclass_ca.__main__", "subclass_ca.distributed"))]
+    tooling = [n for n in _imported(path) if n.startswith(("subclass_ca.testing", "subclass_ca.__main__", "subclass_ca.distributed"))]
     assert not tooling, f"{path.relative_to(PACKAGE)} imports tooling: {tooling}"
 
 
@@ -87,4 +93,129 @@ def test_the_rules_really_see_imports():
     assert "subclass_ca._compat" in _imported(PACKAGE / "_runtime.py")
     assert "subclass_ca._runtime" in _imported(PACKAGE / "api.py")
     assert any("torch._C" in use for use in _private_torch_uses(PACKAGE / "_compat" / "__init__.py"))
-    assert "subclass_ca.api" in _imported(PACKAGE / "_tools" / "bench.py")
+    assert "subclass_ca.api" in _imported(TOOLS / "bench.py")
+    assert "tools.bench_models" in _imported(TOOLS / "bench.py")  # a tool's relative imports resolve to `tools`
+
+
+@pytest.mark.parametrize("path", ALL_MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_package_never_imports_the_repository_tools(path: Path):
+    """``tools/`` is not in the wheel (tests/test_wheel.py): an installed subclass_ca importing it would fail."""
+    tools = [n for n in _imported(path) if n == "tools" or n.startswith("tools.")]
+    assert not tools, f"{path.relative_to(PACKAGE)} imports the repository's tools: {tools}"
+
+
+def test_the_tools_live_in_the_repository_not_in_the_package():
+    assert not (PACKAGE / "_tools").exists() and not list(PACKAGE.rglob("_tools"))
+    assert (TOOLS / "bench.py").is_file() and (TOOLS / "__main__.py").is_file()
+    assert not (TOOLS.parent / "subclass_ca" / "tools").exists()
+
+
+#: Modules outside ``_compat`` that may use regular expressions or Python's parsers, and for what (never torch's
+#: error text: every reading of torch's messages lives in ``_compat/messages.py``, tested per lane).
+TEXT_PARSING_ALLOWED = {
+    "_warm_start/fingerprint.py": "scrubs memory addresses out of reprs it fingerprints (our text, not torch's)",
+    "_nodes.py": "makes an identifier of a class name",
+    "testing/_cli.py": "the kit's command line (its own arguments)",
+    "testing/suite.py": "the kit's own reports",
+}
+TEXT_PARSERS = {"re", "ast", "tokenize"}
+
+
+@pytest.mark.parametrize("path", ALL_MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_torch_messages_are_parsed_only_in_compat(path: Path):
+    relative = path.relative_to(PACKAGE)
+    if relative.parts[0] == "_compat" or str(relative) in TEXT_PARSING_ALLOWED:
+        return
+    parsers = sorted(n for n in _imported(path) if n.split(".")[0] in TEXT_PARSERS)
+    assert not parsers, (
+        f"{relative} imports {parsers}: reading torch's error text belongs in subclass_ca/_compat/messages.py "
+        "(or list the module in TEXT_PARSING_ALLOWED with what it parses)"
+    )
+
+
+def _root_attribute_imports(path: Path) -> list[str]:
+    """Names ``path`` takes from the package's ``__init__`` (``import subclass_ca``, or ``from subclass_ca import x``
+    / ``from . import x`` where ``x`` is not a submodule)."""
+    tree = ast.parse(path.read_text())
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name == "subclass_ca"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if base != "subclass_ca":
+                continue
+            for alias in node.names:
+                if not ((PACKAGE / f"{alias.name}.py").is_file() or (PACKAGE / alias.name).is_dir()):
+                    found.append(f"subclass_ca.{alias.name}")
+    return found
+
+
+@pytest.mark.parametrize("path", RUNTIME_MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_upward_imports_from_the_package_root(path: Path):
+    """A runtime module never takes anything from the package's ``__init__`` (the front door): the arrows point down."""
+    if path == PACKAGE / "__init__.py":
+        return
+    upward = _root_attribute_imports(path)
+    assert not upward, f"{path.relative_to(PACKAGE)} imports from the package root: {upward}"
+
+
+def test_the_upward_rule_really_sees_root_imports(tmp_path: Path):
+    assert _root_attribute_imports(PACKAGE / "testing" / "suite.py") == ["subclass_ca"]  # the kit may: public API
+
+
+def test_no_submodule_name_is_rebound_to_something_else():
+    """``subclass_ca.X`` is the module X whenever the package has a module X (``handler``/``handlers`` were
+    functions shadowing their modules)."""
+    import importlib
+
+    import subclass_ca
+
+    for path in sorted(PACKAGE.iterdir()):
+        name = path.stem if path.suffix == ".py" else path.name
+        if name.startswith("__") or not (path.suffix == ".py" or (path / "__init__.py").is_file()):
+            continue
+        module = importlib.import_module(f"subclass_ca.{name}")
+        value = getattr(subclass_ca, name)
+        assert value is module, f"subclass_ca.{name} is {value!r}, not the module subclass_ca/{path.name}"
+
+
+def test_compat_names_its_sources_explicitly():
+    """``_compat/__init__.py`` imports each name from its submodule by name (no star facade)."""
+    source = (PACKAGE / "_compat" / "__init__.py").read_text()
+    assert "import *" not in source
+
+
+def _design_table() -> dict[str, set[str]]:
+    """docs/design.md's module map: runtime module file -> the modules of ours it may import."""
+    import re
+
+    design = (PACKAGE.parent / "docs" / "design.md").read_text()
+    allowed: dict[str, set[str]] = {}
+    for line in design.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`") or cells[0].startswith("`_compat/"):
+            continue
+        may = {m.strip("`/").removesuffix(".py") for m in re.findall(r"`([\w/.]+)`", cells[2])}
+        for module in re.findall(r"`([\w/.]+)`", cells[0]):
+            allowed[module.strip("/").removesuffix(".py")] = may
+    return allowed
+
+
+def test_every_runtime_module_imports_only_what_the_design_table_allows():
+    """docs/design.md's module map is the rule: a runtime module not in it, or importing beyond it, fails."""
+    allowed = _design_table()
+    assert "_runtime" in allowed and "_translate" in allowed  # the table was read
+    for path in RUNTIME_MODULES:
+        relative = path.relative_to(PACKAGE)
+        if relative.parts[0] == "_compat" or relative.name == "__init__.py":
+            continue
+        name = relative.parts[0].removesuffix(".py")
+        assert name in allowed, f"{relative} is missing from docs/design.md's module map"
+        ours = {n.split(".")[1] for n in _imported(path) if n.startswith("subclass_ca.")} - {name}
+        extra = ours - allowed[name]
+        assert not extra, f"{relative} imports {sorted(extra)}, which docs/design.md's module map does not allow it"

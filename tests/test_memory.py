@@ -1,7 +1,7 @@
 """Backward memory: our make_subclass nodes keep fewer gradients alive than stock ones.
 
 Structural property of the captured CA graph (see Note [Why the epilogue holds memory] in
-``subclass_ca/_bench_memory.py``): stock feeds every flat backward output to every
+``tools/bench_memory.py``): stock feeds every flat backward output to every
 ``make_subclass`` node; ours passes each node only its own inner tensors.
 """
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from subclass_ca import _compat, _runtime
-from subclass_ca._tools import bench_memory as _bench_memory
+from tools import bench_memory as _bench_memory
 from subclass_ca.testing.subclasses import PairTensor, make_pair
 
 N_SUBCLASS_PARAMS = 4

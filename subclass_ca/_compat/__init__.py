@@ -17,15 +17,133 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedTorchError
-from . import aot_autograd, caches, compiled_autograd, dynamo, engine, fsdp, workarounds
+from . import accumulate, aot_autograd, caches, compiled_autograd, dynamo, engine, fsdp, messages, version, workarounds
 from ._lookup import lookup
 from ._patch import BLOCKS, CA_CAPTURE, CA_GRAPH_RUN, AnyScope, AttributeSwap, CallSwap, PatchSet, Scope, Swap, gated, uninstall_resident
-from .aot_autograd import *  # noqa: F403
-from .caches import *  # noqa: F403
-from .compiled_autograd import *  # noqa: F403
-from .dynamo import *  # noqa: F403
-from .engine import *  # noqa: F403
-from .fsdp import *  # noqa: F403
+from .accumulate import (
+    accumulate_dummy_swap,
+    accumulate_grad_is_functional,
+    accumulate_node_parts,
+    call_accumulate_grad,
+    capture_accumulate_swap,
+    grad_dtype_of,
+    NO_GRAD_ARG,
+)
+from .aot_autograd import (
+    backward_output_examples,
+    BW_MODULE_EXTRACTION,
+    creation_meta,
+    CREATION_META_FIELDS,
+    CreationMeta,
+    epilogue_style,
+    EPILOGUE_WRAPPER,
+    EPILOGUES,
+    has_subclass_grads,
+    MODULE_EPILOGUE,
+    SCHEMAS,
+    STABLE_PROLOGUES,
+    swapped_epilogue,
+)
+from .caches import (
+    aot_forward_class,
+    ca_op_name,
+    CA_OPS_MODULE,
+    cache_counters,
+    cache_dir,
+    cache_global_swap,
+    CACHE_PICKLER,
+    compile_time_metrics,
+    INLINED_CA_OPS,
+    is_stable_prologue,
+    load_cache_artifacts,
+    marked_cacheable_functions,
+    MARKED_CACHEABLE_OPTION,
+    marked_cacheable_supported,
+    pending_forward_entry,
+    prologue_inner,
+    PROLOGUE_MODULE,
+    PROLOGUE_NAME,
+    save_cache_artifacts,
+)
+from .compiled_autograd import (
+    activate,
+    Activation,
+    AOT_BACKWARD_PARAMS,
+    aot_backward_swap,
+    autograd_compiler,
+    ca_counters,
+    ca_enable_swap,
+    CA_MODULE,
+    ca_verbose_log,
+    cache_key_swap,
+    capture_watch_swaps,
+    clear_compiled_autograd_cache,
+    compiled_autograd_state,
+    compiler_factory,
+    compiler_fn_of,
+    COMPILER_INSTANCE,
+    deactivate,
+    enable_compiled_autograd,
+    fast_activation_supported,
+    hook_calls,
+    HOOK_CALLS,
+    is_stock_make_subclass,
+    reset_compiled_autograd,
+    stock_ca_compiler,
+    verbose_logger_swap,
+)
+from .dynamo import (
+    allow_in_graph,
+    allowed_callable_count,
+    bind_dummy,
+    compiled_autograd_flag,
+    create_call_node,
+    dynamo_config_snapshot,
+    dynamo_counters,
+    dynamo_disable,
+    fake_mode_of,
+    frame_compile_swap,
+    FRAME_COMPILER,
+    functorch_config_snapshot,
+    graph_break_counts,
+    graph_break_type,
+    is_compile_failure,
+    is_dynamo_disabled,
+    is_graph_break,
+    is_traceable_wrapper_subclass,
+    is_traceable_wrapper_subclass_type,
+    outside_tracing,
+    size_hint,
+    to_proxy,
+    TRACE_WRAPPED,
+    TRACE_WRAPPED_USERS,
+    two_tensor_type,
+    uncached_compiles,
+    unique_graph_count,
+    without_proxy_tracing,
+)
+from .engine import (
+    collect_engine_callbacks,
+    ENGINE_CALLBACKS,
+    execution_engine,
+    final_callback_redirect_problem,
+)
+from .fsdp import (
+    fsdp2_loaded,
+    fsdp2_owners,
+    fsdp2_state_of_hook,
+    fsdp2_states,
+    FSDP2_TYPES,
+    fsdp2_types,
+    fsdp2_unfinished,
+)
+from .messages import (
+    fake_lift_refused_type,
+    is_nested_jagged_refusal,
+    raised_exception,
+    read_refusal,
+    Refusal,
+)
 from .workarounds import (
     WORKAROUNDS,
     Workaround,
@@ -35,13 +153,9 @@ from .workarounds import (
     needed_workarounds,
 )
 
-TORCH_VERSION: str = str(torch.__version__)
-#: The torch releases the suite runs against (one CI lane each).
-TESTED_TORCH: tuple[str, ...] = ("2.13", "2.14", "2.15")
-#: What pyproject.toml admits.
-SUPPORTED_TORCH: str = ">=2.13,<2.16"
+from .version import SUPPORTED_TORCH, TESTED_TORCH, TORCH_VERSION
 
-FEATURES: dict[str, str] = {
+FEATURES: dict[str, str | tuple[str, ...]] = {
     "compiled autograd entry point": compiled_autograd.CA_MODULE + ":_enable",
     "compiled autograd compiler instance": compiled_autograd.COMPILER_INSTANCE,
     "AOT backward proxy": compiled_autograd.COMPILER_INSTANCE + ".proxy_call_aot_backward",
@@ -54,13 +168,13 @@ FEATURES: dict[str, str] = {
     "compiled autograd counters": "torch._dynamo.utils:counters",
     "autograd function CA cache key": compiled_autograd.AUTOGRAD_FUNCTION_CTX + "._compiled_autograd_key",
     "AccumulateGrad call": "torch._dynamo.external_utils:call_accumulate_grad",
-    "AccumulateGrad placeholder allocation": compiled_autograd.COMPILER_INSTANCE + ".allocate_dummy_like",
     "capture AccumulateGrad": compiled_autograd.COMPILER_INSTANCE + ".accumulate_grad",
     "CA hook call": compiled_autograd.HOOK_CALLS[0],
     "CA custom-Function backward call": compiled_autograd.HOOK_CALLS[1],
     "AOT backward module extraction": aot_autograd.BW_MODULE_EXTRACTION,
     "AOT subclass creation metadata": aot_autograd.SCHEMAS + ":SubclassCreationMeta",
     "AOT epilogue wrapper": aot_autograd.EPILOGUE_WRAPPER,
+    "AOT backward epilogue": tuple(aot_autograd.EPILOGUES.values()),
     "proxy-mode suspension": "torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing",
     "fake-mode suspension": "torch._subclasses.fake_tensor:unset_fake_temporarily",
     "fake-mode detection": "torch._guards:detect_fake_mode",
@@ -75,11 +189,20 @@ FEATURES: dict[str, str] = {
     "deferred module backward hooks caller": dynamo.TRACE_WRAPPED_USERS[2] + ":trace_wrapped",
     "traceable wrapper subclass protocol": "torch.utils._python_dispatch:is_traceable_wrapper_subclass",
     "autograd engine final callbacks": "torch.autograd:Variable._execution_engine.queue_callback",
-    **{f"FSDP2 {name}": dotted for name, dotted in fsdp.FSDP2_TYPES.items()},
+    **{f"FSDP2 {name}": dotted for name, dotted in fsdp.FSDP2_TYPES.items() if name != "RegisterPreBackwardFunction"},
 }
-"""Name -> ``"module:attr.path"`` of every torch internal the runtime needs."""
+"""Name -> ``"module:attr.path"`` of every torch internal the runtime needs, or a tuple of alternatives
+(any one present suffices; the code using them detects which, e.g. ``aot_autograd.epilogue_style()``)."""
 
 OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
+    "AccumulateGrad placeholder allocation": (
+        compiled_autograd.COMPILER_INSTANCE + ".allocate_dummy_like",
+        "none: torch without it gives a capture no placeholder .grad (AccumulateGrad assigns .grad in the graph)",
+    ),
+    "FSDP2 RegisterPreBackwardFunction": (
+        fsdp.FSDP2_TYPES["RegisterPreBackwardFunction"],
+        "none: torch without it runs FSDP2's pre-backward as a tensor hook only, recognised by its bound FSDPState",
+    ),
     "compiled autograd verbose logger": (
         "torch._C:_dynamo.compiled_autograd.set_verbose_logger",
         "capture reports cannot say why a backward missed compiled autograd's cache",
@@ -134,7 +257,14 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
         "subclass_ca.cache_info() cannot name the cache folder",
     ),
     "inductor config": ("torch._inductor:config", "benchmarks cannot switch off the FX-graph cache when timing compiles"),
-    "reference TwoTensor": ("torch.testing._internal.two_tensor:TwoTensor", "no built-in TwoTensor handler"),
+    "reference TwoTensor": (
+        "torch.testing._internal.two_tensor:TwoTensor",
+        "no built-in TwoTensor handler; the probe for a recycled .grad symbolic context finds nothing to fix",
+    ),
+    "Dynamo local source": (
+        "torch._dynamo.source:LocalSource",
+        "the probe for a recycled .grad symbolic context (torch without _grad_context_compatible) finds nothing to fix",
+    ),
 }
 """Name -> (dotted path, what degrades without it)."""
 
@@ -154,15 +284,22 @@ def _signature_problems() -> list[str]:
     return problems
 
 
+def _present(dotted: str) -> bool:
+    try:
+        lookup(dotted)
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
 @functools.cache
 def missing_features() -> tuple[str, ...]:
     """The torch internals subclass_ca needs that this torch lacks (``name (module:attr)``)."""
     missing = []
     for name, dotted in FEATURES.items():
-        try:
-            lookup(dotted)
-        except (ImportError, AttributeError):
-            missing.append(f"{name} ({dotted})")
+        alternatives = (dotted,) if isinstance(dotted, str) else dotted
+        if not any(_present(candidate) for candidate in alternatives):
+            missing.append(f"{name} ({' or '.join(alternatives)})")
     if not missing:
         missing += _signature_problems()
     return tuple(missing)
@@ -177,10 +314,6 @@ def missing_optional_features() -> dict[str, str]:
         except (ImportError, AttributeError):
             missing[f"{name} ({dotted})"] = degrades
     return missing
-
-
-def _minor(version: str) -> str:
-    return ".".join(version.split("+")[0].split(".")[:2])
 
 
 _warned_untested: set[str] = set()
@@ -200,6 +333,7 @@ def require_support() -> None:
     global _supported
     if _supported is TORCH_VERSION:
         return
+    version.require_minimum(TORCH_VERSION)
     missing = missing_features()
     if missing:
         raise UnsupportedTorchError(
@@ -207,15 +341,15 @@ def require_support() -> None:
             + "; ".join(missing)
             + ". Install a supported torch (e.g. pip install torch==2.15.0) or file an issue naming this torch version."
         )
-    version = TORCH_VERSION
-    if _minor(version) not in TESTED_TORCH and version not in _warned_untested:
-        _warned_untested.add(version)
+    found = TORCH_VERSION
+    if not version.is_tested(found) and found not in _warned_untested:
+        _warned_untested.add(found)
         warnings.warn(
-            f"subclass_ca: torch {version} is untested (tested: {', '.join(TESTED_TORCH)}); every torch internal "
+            f"subclass_ca: torch {found} is untested (tested: {', '.join(TESTED_TORCH)}); every torch internal "
             "subclass_ca needs is present, so it runs. Compare a few steps against eager before trusting it.",
             stacklevel=3,
         )
-    _supported = version
+    _supported = found
 
 
 def _effective(value: Any) -> Any:
@@ -255,6 +389,7 @@ def _raw_torch_state() -> dict[str, Any]:
         "trace_wrapped": {m: lookup(m + ":trace_wrapped") for m in dynamo.TRACE_WRAPPED_USERS},
         "grad_context_compatible": getattr(lookup("torch._subclasses:meta_utils"), "_grad_context_compatible", None),
         "fake_from_real_tensor": lookup("torch._subclasses.fake_tensor:FakeTensorConverter").__dict__.get("from_real_tensor"),
+        "module_level_epilogue": getattr(lookup(aot_autograd.RUNTIME_WRAPPERS), "_backward_epilogue_functional", None),
         "execution_engine": engine.execution_engine(),
         "verbose_logger": compiled_autograd.ca_verbose_log(),
         "grad_enabled": torch.is_grad_enabled(),

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,10 +25,14 @@ __all__ = [
     "has_subclass_grads",
     "backward_output_examples",
     "swapped_epilogue",
+    "epilogue_style",
+    "EPILOGUES",
+    "MODULE_EPILOGUE",
     "STABLE_PROLOGUES",
 ]
 
 SCHEMAS = "torch._functorch._aot_autograd.schemas"
+RUNTIME_WRAPPERS = "torch._functorch._aot_autograd.runtime_wrappers"
 EPILOGUE_WRAPPER = "torch._functorch._aot_autograd.subclass_utils:wrap_tensor_subclasses"
 BW_MODULE_EXTRACTION = "torch._dynamo.compiled_autograd:extract_bw_module"
 CREATION_META_FIELDS = (
@@ -141,15 +147,89 @@ def _propagated_backward_outputs(compiled_function: Any, bw_module: Any) -> list
     return list(outputs)
 
 
+# Note [Two shapes of the AOT backward epilogue]
+# ----------------------------------------------
+# Compiled autograd traces through an AOT function's backward epilogue, which re-wraps the plain
+# inner gradients into subclasses through ``wrap_tensor_subclasses(..., make_subclass_override=)``.
+# torch has had it in two shapes, told apart by what exists (``EPILOGUES``), never by version:
+#
+# * ``"per-function"`` (torch 2.13 on): every AOT function's ``CompiledFunction`` carries a
+#   generated ``_bw_epilogue_fn(out, make_subclass_override=None)``, which compiled autograd calls
+#   with its own override.  We swap that one class attribute for the one trace.
+# * ``"module-level"`` (up to torch 2.12): compiled autograd calls the module function
+#   ``runtime_wrappers._backward_epilogue_functional(metadata, subclass_meta, out, *,
+#   make_subclass_override=None, ...)`` for every AOT function, and so does every eager backward
+#   of a compiled region.  The module attribute is therefore replaced only while one of our
+#   proxies runs (``MODULE_EPILOGUE``), by a function that uses our override in the thread that set
+#   it and torch's own arguments everywhere else, so an eager backward in another thread sees stock
+#   behaviour.
+#
+# Either way the override receives the same ``(subclass_meta, is_runtime, unwrapped_args)``.
+
+EPILOGUES: dict[str, str] = {
+    "per-function": RUNTIME_WRAPPERS + ":_codegen_backward_epilogue",
+    "module-level": RUNTIME_WRAPPERS + ":_backward_epilogue_functional",
+}
+"""Epilogue shape -> the torch internal whose presence selects it (first present wins)."""
+
+
+@functools.cache
+def epilogue_style() -> str:
+    """Which shape of backward epilogue this torch has (Note [Two shapes of the AOT backward epilogue])."""
+    for style, dotted in EPILOGUES.items():
+        try:
+            lookup(dotted)
+        except (ImportError, AttributeError):
+            continue
+        return style
+    raise LookupError("no known AOT backward epilogue: " + " or ".join(EPILOGUES.values()))
+
+
+_epilogue_override = threading.local()
+
+
+def _module_epilogue(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _backward_epilogue_functional(metadata: Any, subclass_meta: Any, out: Any, *args: Any, **kwargs: Any) -> Any:
+        override = getattr(_epilogue_override, "value", None)
+        if override is not None:
+            kwargs["make_subclass_override"] = override
+        return original(metadata, subclass_meta, out, *args, **kwargs)
+
+    return _backward_epilogue_functional
+
+
+MODULE_EPILOGUE = PatchSet(
+    "module-level AOT backward epilogue override",
+    lambda: [AttributeSwap(lambda: lookup(RUNTIME_WRAPPERS), "_backward_epilogue_functional", _module_epilogue, own_only=False)],
+)
+"""Our override for the module-level epilogue, in the proxying thread only (Note [Two shapes of the AOT backward epilogue])."""
+
+
 @contextlib.contextmanager
-def swapped_epilogue(ctx: Any, make_epilogue: Callable[[Any], Any]) -> Iterator[None]:
-    """Replace one AOT function's backward epilogue for one trace (its own class attribute)."""
+def swapped_epilogue(ctx: Any, override: Callable[..., Any]) -> Iterator[None]:
+    """Trace one AOT function's backward epilogue with ``override`` as its ``make_subclass_override``.
+
+    Note [Two shapes of the AOT backward epilogue].
+    """
     forward_cls = ctx._forward_cls
+    if epilogue_style() == "module-level":
+        with MODULE_EPILOGUE.applied():
+            prior = getattr(_epilogue_override, "value", None)
+            _epilogue_override.value = override
+            try:
+                yield
+            finally:
+                _epilogue_override.value = prior
+        return
     original = forward_cls.__dict__.get("_bw_epilogue_fn")
     inherited = original is None
     if inherited:
         original = forward_cls._bw_epilogue_fn
-    forward_cls._bw_epilogue_fn = make_epilogue(original)
+
+    def epilogue(outputs: Any, make_subclass_override: Any = None) -> Any:
+        return original(outputs, make_subclass_override=override)
+
+    forward_cls._bw_epilogue_fn = epilogue
     try:
         yield
     finally:

@@ -1,6 +1,6 @@
 """torch's persistent compile caches: AOTAutogradCache's key pickler, its allowlist, the mega-cache API.
 
-Note [Warm start through torch's caches] in ``subclass_ca/_cacheable.py`` says what we do with them.
+Note [Warm start through torch's caches] in ``subclass_ca/_warm_start/cacheable.py`` says what we do with them.
 """
 
 from __future__ import annotations

@@ -40,10 +40,6 @@ __all__ = [
     "compiler_fn_of",
     "aot_backward_swap",
     "cache_key_swap",
-    "accumulate_dummy_swap",
-    "call_accumulate_grad",
-    "grad_dtype_of",
-    "capture_accumulate_swap",
     "hook_calls",
     "HOOK_CALLS",
 ]
@@ -69,11 +65,12 @@ def enable_compiled_autograd(compiler_fn: Callable[..., Any], *, dynamic: bool =
 # same order and with the same end state (``tests/compat/test_activation.py`` compares them
 # with torch's own), using a factory prepared once per compiler.  They do so only for an
 # ``_enable`` whose source is one we have read (``KNOWN_ENABLE_SOURCES``: torch 2.13, 2.14
-# and 2.15 have the identical function); any other torch, and Dynamo's ``force_eager``
+# and 2.15 have the identical function; 2.11 and 2.12 differ only in ``assert`` where 2.13 raises
+# ``AssertionError`` itself, as deactivate() does); any other torch, and Dynamo's ``force_eager``
 # stance, go through torch's own ``_enable``, so a torch change costs speed, never behaviour.
 
 #: sha256 prefixes of the ``compiled_autograd._enable`` sources activate() reproduces.
-KNOWN_ENABLE_SOURCES = frozenset({"537b7a55ad9c0f52"})
+KNOWN_ENABLE_SOURCES = frozenset({"537b7a55ad9c0f52", "8300c298412fbb55"})
 _checked: tuple[Any, bool] = (None, False)
 """The ``_enable`` last fingerprinted and whether activate() reproduces it (one identity check per enter)."""
 _cudagraph_trees_imported = False
@@ -329,31 +326,6 @@ def aot_backward_swap(wrapper: Callable[..., Any]) -> AttributeSwap:
     return AttributeSwap(lambda: lookup(COMPILER_INSTANCE), "proxy_call_aot_backward", make)
 
 
-def accumulate_dummy_swap(fallback: Callable[[torch.Tensor], torch.Tensor | None]) -> AttributeSwap:
-    """``AutogradCompilerInstance.allocate_dummy_like`` with ``fallback(x)`` where torch's raises.
-
-    Torch calls it from ``accumulate_grad`` only, on the parameter, for the placeholder value of
-    its new ``.grad`` (``torch.empty_like(param)``, proxy modes off).  ``fallback`` returns another
-    placeholder, or None to let torch's error stand.
-    """
-
-    def make(original: Any) -> Any:
-        @functools.wraps(original)
-        def allocate_dummy_like(compiler: Any, x: torch.Tensor) -> torch.Tensor:
-            try:
-                return original(compiler, x)
-            except Exception:
-                with lookup("torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing")():
-                    dummy = fallback(x)
-                if dummy is None:
-                    raise
-                return dummy
-
-        return _untraced(gated(BLOCKS, original, allocate_dummy_like))
-
-    return AttributeSwap(lambda: lookup(COMPILER_INSTANCE), "allocate_dummy_like", make)
-
-
 _CACHE_KEY_MARK = 0x5CA  # "subclass_ca" marker ahead of our token in an autograd function's CA key
 
 
@@ -383,66 +355,6 @@ def cache_key_swap(current_token: Callable[[], int | None]) -> AttributeSwap:
         return _compiled_autograd_key
 
     return AttributeSwap(lambda: lookup(AUTOGRAD_FUNCTION_CTX), "_compiled_autograd_key", make)
-
-
-def call_accumulate_grad() -> Callable[..., Any]:
-    """The function compiled autograd's AccumulateGrad nodes call (``external_utils.call_accumulate_grad``)."""
-    return lookup("torch._dynamo.external_utils:call_accumulate_grad")
-
-
-def grad_dtype_of(tensor: torch.Tensor) -> torch.dtype | None:
-    """The dtype eager AccumulateGrad gives ``tensor``'s gradient (None: any dtype, or a torch without the rule).
-
-    ``Tensor.grad_dtype`` (torch 2.13 has it; from 2.15 FSDP2 sets it to float32 on its unsharded
-    bf16 parameters under a ``MixedPrecisionPolicy``); feature-detected, not version-gated.
-    """
-    return getattr(tensor, "grad_dtype", None)
-
-
-def capture_accumulate_swap(cast_to: Callable[[torch.Tensor, Any], torch.dtype | None]) -> AttributeSwap:
-    """``AutogradCompilerInstance.accumulate_grad`` (a capture's AccumulateGrad) casting the gradient first.
-
-    ``cast_to(variable, grad)`` names the dtype ``variable.grad`` must have (None: torch's own
-    path); a gradient of another dtype is cast to it before it is accumulated.  The cast becomes
-    an ``aten._to_copy`` node in the CA graph ahead of torch's own ``call_accumulate_grad`` node,
-    and the capture's placeholder ``.grad`` gets that dtype (torch allocates it like the
-    *variable*, which a ``grad_dtype`` setter refuses).
-    See Note [Gradient dtype at accumulation] in ``_accumulate.py``.
-    """
-
-    def make(original: Any) -> Any:
-        @functools.wraps(original)
-        def accumulate_grad(compiler: Any, variable: Any, variable_grad: Any, grad: Any, has_post_hooks: Any = None) -> Any:
-            dtype = cast_to(variable, grad) if has_post_hooks is not None else None
-            if dtype is None:
-                return original(compiler, variable, variable_grad, grad, has_post_hooks)
-            disable = lookup("torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing")
-            if isinstance(grad, torch.Tensor) and grad.dtype != dtype:
-                with disable():
-                    cast = grad.to(dtype)
-                proxy = compiler.fx_tracer.create_proxy(
-                    "call_function", torch.ops.aten._to_copy.default, (compiler.to_proxy(grad),), {"dtype": dtype}
-                )
-                compiler.bind_objects_to_proxies([cast], [proxy])
-                grad = cast
-            allocate = compiler.allocate_dummy_like
-
-            def allocate_dummy_like(x: torch.Tensor) -> torch.Tensor:
-                dummy = allocate(x)
-                if x is not variable:
-                    return dummy
-                with disable():
-                    return dummy.to(dtype)
-
-            compiler.allocate_dummy_like = allocate_dummy_like  # this call only: the instance attribute is removed below
-            try:
-                return original(compiler, variable, variable_grad, grad, has_post_hooks)
-            finally:
-                del compiler.allocate_dummy_like
-
-        return _untraced(gated(BLOCKS, original, accumulate_grad))
-
-    return AttributeSwap(lambda: lookup(COMPILER_INSTANCE), "accumulate_grad", make)
 
 
 HOOK_CALLS = ("torch._dynamo.external_utils:call_hook", "torch._dynamo.external_utils:call_backward")

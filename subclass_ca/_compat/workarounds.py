@@ -95,12 +95,64 @@ def _probed(function: Any, probe: Callable[[Any], bool]) -> bool:
 
 
 def _grad_context_bug() -> bool:
-    """Cached :func:`_probe_grad_context_bug`."""
+    """Whether FakeTensor conversion gives a plain tensor's subclass ``.grad`` the plain tensor's symbolic context.
+
+    Two forms, both probed on this torch, neither by version: a ``_grad_context_compatible`` check
+    that lets such a context through (:func:`_grad_context_check_bug`, torch 2.13), or no check at
+    all, the ``.grad`` always recycling its parent's context (:func:`_grad_context_recycled`, up to
+    torch 2.12).
+    """
+    return _grad_context_check_bug() or _grad_context_recycled()
+
+
+def _grad_context_check_bug() -> bool:
+    """Cached :func:`_probe_grad_context_bug` of this torch's ``_grad_context_compatible`` (False: none)."""
     try:
         compatible = lookup(_META_UTILS + ":_grad_context_compatible")
     except (ImportError, AttributeError):
         return False
     return _probed(compatible, _probe_grad_context_bug)
+
+
+def _grad_context_recycled() -> bool:
+    """True where there is no ``_grad_context_compatible`` and a subclass ``.grad`` fails to fakeify for it.
+
+    Without the check, ``MetaConverter.meta_tensor`` hands the ``.grad`` its parent's symbolic
+    context unconditionally ("TODO: Use a valid grad-specific symbolic context"), which a wrapper
+    subclass refuses.  Probed by doing it: a plain parameter with a TwoTensor ``.grad`` fakeified
+    under a ShapeEnv with a stateful context, as Dynamo does (cached: once per process).
+    """
+    try:
+        lookup(_META_UTILS + ":_grad_context_compatible")
+        return False
+    except (ImportError, AttributeError):
+        pass
+    return _probed(lookup(_META_UTILS + ":MetaConverter.meta_tensor"), _probe_grad_context_recycled)
+
+
+def _probe_grad_context_recycled(_meta_tensor: Any) -> bool:
+    try:
+        fake_tensor = importlib.import_module("torch._subclasses.fake_tensor")
+        symbolic_shapes = importlib.import_module("torch.fx.experimental.symbolic_shapes")
+        source = lookup("torch._dynamo.source:LocalSource")("subclass_ca_probe")
+        two_tensor = lookup("torch.testing._internal.two_tensor:TwoTensor")
+        parameter = torch.nn.Parameter(torch.zeros(2, 2))
+        parameter.grad = two_tensor(torch.zeros(2, 2), torch.zeros(2, 2))
+        context = symbolic_shapes.StatefulSymbolicContext(
+            dynamic_sizes=[symbolic_shapes.DimDynamic.STATIC] * 2, constraint_sizes=[None] * 2,
+            tensor_source=source, shape_env_to_source_to_symbol_cache={},
+        )
+        mode = fake_tensor.FakeTensorMode(shape_env=symbolic_shapes.ShapeEnv())
+    except Exception:  # noqa: BLE001 - the probe's pieces differ on this torch: nothing known to fix
+        return False
+    try:
+        with outside_tracing(), mode:
+            mode.from_tensor(parameter, source=source, symbolic_context=context)
+    except AssertionError as error:
+        return "SubclassSymbolicContext" in str(error)
+    except Exception:  # noqa: BLE001 - another failure: not the bug this fixes
+        return False
+    return False
 
 
 def _probe_grad_context_bug(compatible: Callable[..., bool]) -> bool:
@@ -160,7 +212,7 @@ GRAD_CONTEXT = Workaround(
     ),
     upstream="pytorch/pytorch#186427",
     scope="ca-graph-run",
-    probe=_grad_context_bug,
+    probe=_grad_context_check_bug,
     stock_error="Expected SubclassSymbolicContext or None",
     patches=PatchSet(
         "grad-context workaround",
@@ -197,6 +249,13 @@ def _grad_dynamic_context_bug() -> bool:
     except (ImportError, AttributeError):
         return False
     return callable(getattr(converter, "meta_tensor", None))
+
+
+def _grad_static_context_needed() -> bool:
+    """The subclass ``.grad`` of a plain tensor needs a static context of ours: torch 2.14/2.15's all-dynamic one
+    breaks accumulation (:func:`_grad_dynamic_context_bug`), or torch up to 2.12 recycles the parent's
+    (:func:`_grad_context_recycled`)."""
+    return _grad_dynamic_context_bug() or _grad_context_recycled()
 
 
 _meta_parents = threading.local()
@@ -246,12 +305,13 @@ GRAD_STATIC_CONTEXT = Workaround(
     fixes=(
         "on torch 2.14/2.15, accumulating into a plain tensor's subclass .grad (2nd backward with "
         "retain_graph=True, gradient accumulation) fails compiling the CA graph: 'expected N wrapped outputs, "
-        "got M' / 'Attempt to trace generator'; the workaround gives that .grad a static symbolic context"
+        "got M' / 'Attempt to trace generator'; up to torch 2.12 such a .grad cannot be fakeified at all "
+        "('Expected SubclassSymbolicContext or None'); the workaround gives that .grad a static symbolic context"
     ),
-    upstream="none filed yet (torch 2.14/2.15 regression after pytorch/pytorch#186427)",
+    upstream="pytorch/pytorch#186427 (up to 2.13); none filed yet for the torch 2.14/2.15 regression after it",
     scope="ca-graph-run",
-    probe=_grad_dynamic_context_bug,
-    stock_error="wrapped outputs|Attempt to trace generator",
+    probe=_grad_static_context_needed,
+    stock_error="wrapped outputs|Attempt to trace generator|Expected SubclassSymbolicContext or None",
     patches=PatchSet(
         "grad static-context workaround",
         lambda: [AttributeSwap(lambda: lookup(_META_UTILS + ":MetaConverter"), "meta_tensor", _patched_meta_tensor)],

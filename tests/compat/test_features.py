@@ -13,8 +13,17 @@ from subclass_ca import _compat, _runtime
 from subclass_ca.testing.subclasses import make_pair
 
 
-def _remove(monkeypatch: pytest.MonkeyPatch, dotted: str) -> None:
-    """Make ``dotted`` really absent: delete its last attribute, or replace an immutable owner by a copy without it."""
+def _remove(monkeypatch: pytest.MonkeyPatch, dotted: str | tuple[str, ...]) -> None:
+    """Make ``dotted`` really absent (every present alternative of a tuple): delete its last attribute, or replace an
+    immutable owner by a copy without it."""
+    if not isinstance(dotted, str):
+        for alternative in dotted:
+            try:
+                _compat.lookup(alternative)
+            except (ImportError, AttributeError):
+                continue
+            _remove(monkeypatch, alternative)
+        return
     module_name, _, attr_path = dotted.partition(":")
     *owner_path, last = attr_path.split(".")
     owner_dotted = module_name + (":" + ".".join(owner_path) if owner_path else "")
@@ -67,7 +76,8 @@ def test_every_compat_lookup_is_in_a_feature_table():
     import re
     from pathlib import Path
 
-    listed = set(_compat.FEATURES.values()) | {dotted for dotted, _ in _compat.OPTIONAL_FEATURES.values()}
+    listed = {d for value in _compat.FEATURES.values() for d in ((value,) if isinstance(value, str) else value)}
+    listed |= {dotted for dotted, _ in _compat.OPTIONAL_FEATURES.values()}
     listed = {d.replace(":", ".") for d in listed}
     source = "\n".join(p.read_text() for p in Path(_compat.__file__).parent.glob("*.py"))
     for dotted in re.findall(r'lookup\("([\w.]+:[\w.]+)"\)', source):
@@ -94,3 +104,14 @@ def test_an_untested_torch_missing_a_feature_raises_naming_it(monkeypatch, fresh
     with pytest.raises(subclass_ca.UnsupportedTorchError, match=r"torch 2\.16\.0 lacks: AccumulateGrad call"):
         with subclass_ca.enable():
             pass
+
+
+def test_a_feature_with_alternatives_needs_only_one(monkeypatch, fresh_feature_check):
+    """The backward epilogue has two shapes (Note [Two shapes of the AOT backward epilogue]): either suffices."""
+    alternatives = _compat.FEATURES["AOT backward epilogue"]
+    present = [d for d in alternatives if _compat._present(d)]
+    assert len(present) == 1, f"this torch has {present} of {alternatives}"
+    assert _compat.epilogue_style() in _compat.EPILOGUES
+    assert _compat.EPILOGUES[_compat.epilogue_style()] == present[0]
+    _remove(monkeypatch, present[0])
+    assert any(m.startswith("AOT backward epilogue (") and " or " in m for m in _compat.missing_features())

@@ -27,7 +27,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from subclass_ca._tools.launcher import run_workers
+from subclass_ca.distributed import run_workers
 from tests.distributed import _example, sp_workers
 
 pytestmark = [

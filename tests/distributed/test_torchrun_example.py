@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from subclass_ca._tools.launcher import free_port
+from subclass_ca.distributed import free_port
 from tests.distributed import _example
 
 pytestmark = [

@@ -67,7 +67,7 @@ def test_dtensor_grad_matches_eager_dtensor(mesh, device):
 
 
 def test_dtensor_handler_key_distinguishes_placements(mesh, device):
-    from subclass_ca.handlers.dtensor import dtensor_metadata_key
+    from subclass_ca._builtin_handlers.dtensor import dtensor_metadata_key
 
     dense = torch.randn(4, 4, device=device)
     sharded = distribute_tensor(dense, mesh, [Shard(0)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from subclass_ca._tools.launcher import run_workers
+from subclass_ca.distributed import run_workers
 from tests.handlers import dtensor_workers
 
 pytestmark = [

@@ -251,9 +251,12 @@ def assert_matches_eager(eager: Outcome, stock: Outcome, ours: Outcome, case: Ca
                 "update the case"
             )
             continue
+        # ours is held to eager as tightly as stock is: bitwise where stock is bitwise eager, else within
+        # tolerance (some torch releases' stock CA graphs reorder a reduction: 1 ulp off eager); ours == stock
+        # bitwise is asserted apart (assert_same_outcome)
+        exact = case.eager_exact and values_equal({key: want}, {key: stock.values[key]})
         for outcome in (stock, ours):
-            assert_same_values({key: want}, {key: outcome.values[key]}, exact=case.eager_exact,
-                               what=f"{outcome.mode} vs eager ")
+            assert_same_values({key: want}, {key: outcome.values[key]}, exact=exact, what=f"{outcome.mode} vs eager ")
 
 
 def check_parity(case: Case) -> None:

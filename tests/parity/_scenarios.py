@@ -453,7 +453,9 @@ SCENARIOS: list[Case] = [
     Case("hook_raises_then_backward_fullgraph_false", hook_raises_then_backward, fullgraph=False),
     # Dynamo cannot trace an optimizer step in the CA graph: stock raises Unsupported, ours GraphBreakError
     Case("optimizer_in_backward", optimizer_in_backward, ours_graph_break_error=True),
-    Case("optimizer_in_backward_fullgraph_false", optimizer_in_backward, fullgraph=False),
+    # torch 2.11's stock CA segfaults collecting this run's garbage (2 runs in 3): a fresh process, see conftest.py
+    Case("optimizer_in_backward_fullgraph_false", optimizer_in_backward, fullgraph=False,
+         marks=(pytest.mark.isolated(reason="torch 2.11 stock compiled autograd segfaults in gc after it"),)),
     Case("double_backward", double_backward),  # stock raises: the same error, no eager comparison
     # eager supports double backward; a compiled region refuses it (torch's limitation)
     Case("refused_double_backward_retry", refused_double_backward_retry, stock_differs_from_eager=("attempts",)),

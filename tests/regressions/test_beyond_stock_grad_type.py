@@ -21,6 +21,12 @@ import subclass_ca
 from subclass_ca import _compat
 from tests.helpers import assert_same_grad
 
+
+def _steals(graph_code: str) -> bool:
+    """The CA graph accumulates through our stealing AccumulateGrad (either torch shape: Note [Two shapes of
+    AccumulateGrad under compiled autograd])."""
+    return "accumulate_subclass_grad" in graph_code or "assign_subclass_grad" in graph_code
+
 aten = torch.ops.aten
 
 
@@ -103,7 +109,7 @@ def test_subclass_leaf_grad_type_and_values_match_eager(backend):
     for want, got in zip(eager, ours):
         assert_same_grad(want, got, exact=backend == "aot_eager")
     report = subclass_ca.last_report()
-    assert report is not None and "accumulate_subclass_grad" in report.graph_code
+    assert report is not None and _steals(report.graph_code)
 
 
 def test_stock_compiled_autograd_densifies_the_grad():
@@ -129,7 +135,7 @@ def test_subclass_with_type_preserving_allocation_keeps_torchs_accumulate():
         loss.backward()
     report = subclass_ca.last_report()
     assert type(weight.grad) is two_tensor
-    assert "accumulate_subclass_grad" not in report.graph_code
+    assert not _steals(report.graph_code)
     assert "call_accumulate_grad" in report.graph_code
 
 
@@ -149,7 +155,10 @@ def test_existing_grad_accumulation_matches_eager():
     ours = _two_steps("aot_eager", lambda: subclass_ca.enable(backend="aot_eager"))
     assert_same_grad(eager, ours)
     report = subclass_ca.last_report()
-    assert "accumulate_subclass_grad" not in report.graph_code
+    if _compat.accumulate_grad_is_functional():
+        assert not _steals(report.graph_code)
+    else:  # up to torch 2.12 the node reads .grad when it runs: the first-or-not decision is made there, as eager's
+        assert "assign_subclass_grad" in report.graph_code
 
 
 # --- issue 16.4: no fake backward outputs to probe (AOTAutograd cache) ------------------------
@@ -164,7 +173,7 @@ def test_grad_type_kept_when_the_capture_has_no_backward_examples(monkeypatch):
     ours = _step("aot_eager", subclass_ca.enable(backend="aot_eager"))
     for want, got in zip(eager, ours):
         assert_same_grad(want, got, exact=True)
-    assert "accumulate_subclass_grad" in subclass_ca.last_report().graph_code
+    assert _steals(subclass_ca.last_report().graph_code)
 
 
 def test_type_preserving_subclass_without_backward_examples_matches_eager(monkeypatch):

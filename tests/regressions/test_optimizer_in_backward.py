@@ -52,6 +52,7 @@ def _train(backend, steps=3, **enable_kwargs):
     return [p.detach() for p in params]
 
 
+@pytest.mark.isolated(reason="torch 2.11 stock compiled autograd segfaults in gc after an optimizer-in-backward run")
 def test_optimizer_in_backward_with_fullgraph_false_matches_eager_and_reports_the_breaks():
     eager = _train(None)
     ours = _train("aot_eager", fullgraph=False)

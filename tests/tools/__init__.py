@@ -1,1 +1,1 @@
-"""Tests of the developer tools (subclass_ca/_tools)."""
+"""Tests of the repository's tools (tools/, not packaged; imported from the checkout)."""

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import subclass_ca
-from subclass_ca._tools import bench as _bench
-from subclass_ca._tools import bench_models as _bench_models
+from tools import bench as _bench
+from tools import bench_models as _bench_models
 
 BLOCKS = [
     pytest.param(m, id=m, marks=[pytest.mark.skipif(bool(_bench_models.unavailable(m)), reason=_bench_models.unavailable(m) or "")])
@@ -86,7 +86,7 @@ def test_an_unavailable_model_is_skipped_with_its_reason(monkeypatch, capsys):
     def missing():
         raise ImportError("No module named 'torchao'")
 
-    monkeypatch.setattr(_bench_models, "_import_nf4", missing)
+    monkeypatch.setattr(_bench_models, "import_nf4", missing)
     reason = _bench_models.unavailable("block_nf4")
     assert reason and "torchao" in reason
     with pytest.raises(RuntimeError, match="block_nf4 is unavailable"):

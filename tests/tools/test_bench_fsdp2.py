@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from subclass_ca._tools import bench as _bench
-from subclass_ca._tools import bench_fsdp2
+from tools import bench as _bench
+from tools import bench_fsdp2
 
 TINY = bench_fsdp2.FSDP2Bench(models=("micro", "block_two_tensor"), backends=("aot_eager",), micro_runs=1,
                               warmup=0, reps=2, block=1)
@@ -71,7 +71,7 @@ def test_bench_main_fsdp2_flag_adds_the_section(tmp_path, monkeypatch):
     calls = []
     rows = [_row("micro", "aot_eager", i, 1.0) for i in range(3)]
     canned = {"world_size": 2, "settings": bench_fsdp2.dataclasses.asdict(TINY), "torch": "x", "rows": rows,
-              "verdicts": bench_fsdp2.verdicts(rows), "ok": True, "wall_s": 1.0, "command": "python -m subclass_ca bench --fsdp2 --nproc 2"}
+              "verdicts": bench_fsdp2.verdicts(rows), "ok": True, "wall_s": 1.0, "command": "python -m tools bench --fsdp2 --nproc 2"}
     monkeypatch.setattr(bench_fsdp2, "bench", lambda **kw: calls.append(kw) or canned)
     source = tmp_path / "results.json"
     source.write_text(json.dumps({"env": {}, "rows": [], "wall_s": 0.0, "verdicts": {k: {"met": None, "detail": ""} for k in _bench.TARGETS}}))

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from subclass_ca._tools import bench as _bench
-from subclass_ca._tools import bench_tp
+from tools import bench as _bench
+from tools import bench_tp
 
 TINY = bench_tp.TPBench(batch=1, seq=8, dim=16, heads=2, hidden=16, warmup=0, reps=2, block=1)
 
@@ -49,7 +49,7 @@ def test_bench_main_tp_flag_adds_the_section(tmp_path, monkeypatch):
     calls = []
     canned = {
         "world_size": 2, "backends": ["aot_eager"], "settings": bench_tp.dataclasses.asdict(TINY), "torch": "x",
-        "ok": True, "wall_s": 1.0, "command": "python -m subclass_ca bench --tp --nproc 2",
+        "ok": True, "wall_s": 1.0, "command": "python -m tools bench --tp --nproc 2",
         "rows": [{"mode": "eager", "backend": None, "error": None, "median_ms": 2.0, "q1_ms": 1.0, "q3_ms": 3.0,
                   "x_eager": 1.0, "cold_ms": 5.0, "captures": 0, "grads_match_eager": True, "max_abs_diff": 0.0}],
     }

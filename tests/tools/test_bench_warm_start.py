@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from subclass_ca._tools import bench_warm_start as ws
+from tools import bench_warm_start as ws
 
 
 def _sample(first: float, *, digest: str = "d", hit: int = 1, mode: str = "subclass_ca") -> dict:
@@ -52,7 +52,7 @@ def test_a_real_cold_and_warm_process_on_aot_eager_end_to_end():
     assert not row["errors"], row["errors"]
     assert row["bitwise"]  # aot_eager: the same aten ops in both processes
     assert row["warm_first_step_s"] > 0 and row["cold_first_step_s"] > 0
-    section = ws.markdown_section(results, "python -m subclass_ca bench --warm-start")
+    section = ws.markdown_section(results, command="python -m tools bench --warm-start")
     assert "| pair | subclass_ca |" in section and "bench --warm-start" in section
 
 
@@ -62,4 +62,4 @@ def test_the_fsdp2_row_runs_two_fresh_gloo_processes_per_sample():
     (row,) = results["rows"]
     assert not row["errors"], row["errors"]
     assert row["bitwise"] and row["cold_first_step_s"] > 0
-    assert "| fsdp2_two_tensor | subclass_ca |" in ws.markdown_section(results, "bench --warm-start")
+    assert "| fsdp2_two_tensor | subclass_ca |" in ws.markdown_section(results, command="bench --warm-start")

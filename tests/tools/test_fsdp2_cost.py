@@ -13,8 +13,8 @@ import statistics
 
 import pytest
 
-from subclass_ca.__main__ import _usage
-from subclass_ca._tools import fsdp2_cost as cost
+from tools.__main__ import usage as _usage
+from tools import fsdp2_cost as cost
 
 SETTINGS = cost.FSDP2Cost(models=("micro", "block_nf4_lora"), backends=("aot_eager",), reps=3, block=1, warmup=0)
 
@@ -47,9 +47,9 @@ def test_derived_costs_are_reported_in_text_and_markdown(result):
     text = cost.format_summary(result)
     assert f"micro, aot_eager: {micro['pieces']} compiled pieces" in text
     assert "compiled autograd before any compiler (ca_uncompiled - compile)" in text
-    section = cost.markdown_section(result, "python -m subclass_ca fsdp2-cost --models micro")
+    section = cost.markdown_section(result, command="python -m tools fsdp2-cost --models micro")
     assert "| micro | aot_eager | ca_uncompiled |" in section
-    assert "Command: `python -m subclass_ca fsdp2-cost --models micro`" in section
+    assert "Command: `python -m tools fsdp2-cost --models micro`" in section
 
 
 @pytest.mark.distributed

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from subclass_ca.__main__ import _usage
-from subclass_ca._tools import fsdp2_profile as fp
-from subclass_ca._tools.fsdp2_parity import FSDP2Run
+from tools.__main__ import usage as _usage
+from tools import fsdp2_profile as fp
+from tools.fsdp2_parity import FSDP2Run
 
 RUN = FSDP2Run(steps=3)
 GROUPS = ["4", "2", "0"]

@@ -1,4 +1,4 @@
-"""``python -m subclass_ca versions run``: progress on stderr from the start (stubbed rows: no training)."""
+"""``python -m tools versions run``: progress on stderr from the start (stubbed rows: no training)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from subclass_ca._tools import support_table
+from tools import support_table
 
 
 def _rows(stream: io.StringIO, seen: list[str]) -> dict:
@@ -45,3 +45,21 @@ def test_no_progress_prints_nothing_to_stderr(tmp_path: Path, capsys):
 
 def test_quick_lane_rows_are_the_training_style_rows():
     assert list(support_table.lane_rows(quick=True)) == list(support_table.EXTRA_ROWS)
+
+
+def test_a_training_style_row_runs_in_its_own_process_and_reports_its_outcomes():
+    name = "retry after a refused capture, cache-miss reasons on"
+    outcomes = support_table._isolated_row(name)
+    assert set(outcomes) == set(support_table.MODES)
+    assert all(cell["status"] in ("pass", "fail", "skip") for cell in outcomes.values())
+    assert outcomes == support_table._row_outcomes(name)  # the same row in this process gives the same cells
+
+
+def test_a_row_process_that_dies_before_reporting_fails_every_mode(monkeypatch):
+    class Died:
+        returncode, stdout, stderr = -11, "", "Fatal Python error: Segmentation fault"
+
+    monkeypatch.setattr(support_table.subprocess, "run", lambda *a, **k: Died())
+    outcomes = support_table._isolated_row("nested jagged tensor through a compiled forward")
+    for cell in outcomes.values():
+        assert cell["status"] == "fail" and "exited -11 before reporting: Fatal Python error" in cell["detail"]

@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from subclass_ca._tools import bench as _bench
-from subclass_ca._tools import bench_models as _bench_models
+from tools import bench as _bench
+from tools import bench_models as _bench_models
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _MICRO = [m for m in _bench_models.MODELS if m not in _bench_models.REALISTIC]
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
-    """One ``python -m subclass_ca bench --quick`` in a fresh process (DTensor needs its own process group)."""
+    """One ``python -m tools bench --quick`` in a fresh process (DTensor needs its own process group)."""
     out = tmp_path_factory.mktemp("bench")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "subclass_ca", "bench", "--quick", "--threads", "1", "--no-progress",
+        [sys.executable, "-m", "tools", "bench", "--quick", "--threads", "1", "--no-progress",
          "--out-dir", str(out), "--note", "pytest"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=540,
     )
@@ -113,7 +113,7 @@ def test_results_md_marks_every_target_and_the_cuda_column(quick_run, results):
     for statement in _bench.TARGETS.values():
         line = next(line for line in text.splitlines() if line.startswith(f"| {statement} |"))
         assert any(word in line for word in ("**met**", "**missed**", "not measured"))
-    assert "torch " in text and "command: `python -m subclass_ca bench --quick" in text
+    assert "torch " in text and "command: `python -m tools bench --quick" in text
     assert "CUDA" in text and "unmeasured" in text.lower()
     assert "machine: pytest" in text
     assert "## Realistic workloads" in text and "| block_pair | small | aot_eager | subclass_ca |" in text
@@ -165,7 +165,7 @@ def test_bench_settings_reject_bad_values_naming_the_field(kwargs, field):
 def test_cli_accepts_cuda_device_and_quick_preset():
     settings = _bench.settings_from_args(["--quick", "--device", "cuda", "--reps", "2"])
     assert settings.device == "cuda" and settings.reps == 2 and settings.sizes == ("small",)
-    assert settings.command == "python -m subclass_ca bench --quick --device cuda --reps 2"
+    assert settings.command == "python -m tools bench --quick --device cuda --reps 2"
 
 
 def test_bench_step_script_is_a_thin_entry_point():

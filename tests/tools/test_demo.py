@@ -1,4 +1,4 @@
-"""``python -m subclass_ca demo``: table, results.json, PNG; failing modes are reported, not fatal."""
+"""``python -m tools demo``: table, results.json, PNG; failing modes are reported, not fatal."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from subclass_ca._tools import demo as _demo
-from subclass_ca._tools.demo import MODES, DemoConfig, format_table, run_demo
+from tools import checkout_env
+from tools import demo as _demo
+from tools.demo import MODES, DemoConfig, format_table, run_demo
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -26,12 +27,12 @@ def _check_png(path: Path) -> None:
 
 @pytest.mark.slow
 def test_quick_demo_in_a_subprocess_writes_table_json_and_png(tmp_path: Path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = checkout_env({**os.environ, "OMP_NUM_THREADS": "1"})
     env.pop("SUBCLASS_CA_LOG", None)
     result = subprocess.run(
-        [sys.executable, "-m", "subclass_ca", "demo", "--quick", "--backend", "aot_eager", "--no-progress",
+        [sys.executable, "-m", "tools", "demo", "--quick", "--backend", "aot_eager", "--no-progress",
          "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=90, env=env,
+        capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout

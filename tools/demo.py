@@ -1,4 +1,4 @@
-"""``python -m subclass_ca demo``: train small subclass models in four modes side by side.
+"""``python -m tools demo``: train small subclass models in four modes side by side.
 
 Modes (each trains from the same initial weights on the same batches):
 
@@ -41,10 +41,12 @@ import torch
 
 import subclass_ca
 
-from .. import _compat, diagnostics
-from ..testing.subclasses import Int8RowwiseTensor, PairTensor
+from subclass_ca import _compat, diagnostics
+from subclass_ca.testing.subclasses import Int8RowwiseTensor, PairTensor
 
-__all__ = ["main", "DemoConfig", "run_demo", "run_dtensor_demo", "MODES", "MODELS"]
+from .progress import Progress
+
+__all__ = ["main", "build_parser", "DemoConfig", "run_demo", "run_dtensor_demo", "MODES", "MODELS"]
 
 MODES: tuple[str, ...] = ("eager", "compile", "stock_ca", "subclass_ca")
 CA_MODES: tuple[str, ...] = ("stock_ca", "subclass_ca")
@@ -452,39 +454,14 @@ def _plot(results: dict[str, Any], path: Path) -> str | None:
     return None
 
 
-class _Progress:
-    """A tqdm bar when tqdm is installed and wanted; otherwise one line per finished run."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self._bar = None
-        if enabled:
-            try:
-                from tqdm.auto import tqdm
-            except ImportError:
-                print("(tqdm is not installed: pip install 'subclass_ca[demo]' for a progress bar)", file=sys.stderr)
-            else:
-                self._bar = tqdm(total=total, unit="step", file=sys.stderr, dynamic_ncols=True)
-
-    def describe(self, text: str) -> None:
-        if self._bar is not None:
-            self._bar.set_description(text)
-        else:
-            print(f"  training {text} ...", file=sys.stderr, flush=True)
-
-    def tick(self) -> None:
-        if self._bar is not None:
-            self._bar.update(1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
 def run_demo(config: DemoConfig, out: Path) -> dict[str, Any]:
     """Train every (model, mode), write ``results.json`` and ``demo.png`` under ``out``; return the results."""
     out.mkdir(parents=True, exist_ok=True)
     modes = ("eager",) + tuple(m for m in config.modes if m != "eager")
-    progress = _Progress(len(config.models) * len(modes) * config.steps, config.progress)
+    progress = Progress(len(config.models) * len(modes) * config.steps, bar=config.progress, unit="step",
+                        line="  training {name} ...")
+    if config.progress and not progress.has_bar:
+        print("(tqdm is not installed: pip install 'subclass_ca[demo]' for a progress bar)", file=sys.stderr)
     results: dict[str, Any] = {
         "config": {**asdict(config), "tolerance": config.tolerance, "torch": torch.__version__,
                    "subclass_ca": subclass_ca.__version__, "torch_threads": config.threads or torch.get_num_threads(),
@@ -498,11 +475,11 @@ def run_demo(config: DemoConfig, out: Path) -> dict[str, Any]:
         for model_name in config.models:
             runs = {}
             for mode in modes:
-                progress.describe(f"{model_name}/{mode}")
+                progress.start(f"{model_name}/{mode}")
                 with warnings.catch_warnings():
                     # torch asks every subclass for a cache hash; the zoo's small subclasses have none.
                     warnings.filterwarnings("ignore", message=r".*does not implement _stable_hash_for_caching")
-                    runs[mode] = _train(config, model_name, mode, progress.tick)
+                    runs[mode] = _train(config, model_name, mode, progress.update)
             description = MODELS[model_name](DemoConfig(steps=2, warmup=0, device=config.device)).description
             results["models"][model_name] = {"description": description, "modes": _summarize(config, runs)}
     finally:
@@ -617,7 +594,7 @@ def run_dtensor_demo(
     timeout_s: float = 120.0, tolerance: float = 1e-5,
 ) -> dict[str, Any]:
     """Train the DTensor model on ``nproc`` processes and compare it with the dense run."""
-    from .launcher import run_workers
+    from subclass_ca.distributed import run_workers
 
     settings = {"steps": steps, "backend": backend, "device": device, "seed": seed, "lr": lr}
     start = time.perf_counter()
@@ -641,9 +618,10 @@ def run_dtensor_demo(
 # --- CLI ------------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m tools demo``."""
     parser = argparse.ArgumentParser(
-        prog="python -m subclass_ca demo",
+        prog="python -m tools demo",
         description="Train small subclass models in four modes (eager, compile, stock compiled autograd, "
         "subclass_ca) and compare them; or, with --dtensor, train a DTensor model on several processes.",
     )
@@ -673,7 +651,7 @@ def _split(text: str) -> tuple[str, ...]:
 
 
 def _main_dtensor(args: argparse.Namespace) -> int:
-    from .launcher import WorkerError
+    from subclass_ca.distributed import WorkerError
 
     steps = args.steps or (4 if args.quick else 10)
     backend = "nccl" if args.device.startswith("cuda") else "gloo"
@@ -705,8 +683,8 @@ def _main_dtensor(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.fsdp2:  # subclass_ca/_tools/fsdp2_parity.py; docs/distributed.md
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.fsdp2:  # tools/fsdp2_parity.py; docs/distributed.md
         from . import fsdp2_parity as fsdp2
 
         return fsdp2.demo_main(args)

@@ -83,7 +83,7 @@ class Workload:
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:
-    from .._compat import is_traceable_wrapper_subclass
+    from subclass_ca._compat import is_traceable_wrapper_subclass
 
     if is_traceable_wrapper_subclass(t):
         names, _ = t.__tensor_flatten__()
@@ -136,7 +136,7 @@ def _block_dense_forward(params: list[torch.Tensor], x: torch.Tensor, heads: int
     return x.square().mean()
 
 
-def _private_copy(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
+def private_copy(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
     code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
     return types.FunctionType(code, fn.__globals__, f"{fn.__name__}_{tag}", fn.__defaults__, fn.__closure__)
 
@@ -178,7 +178,7 @@ def _lora_factors(weights: list[torch.Tensor], seed: int) -> list[torch.Tensor]:
     return factors
 
 
-def _import_nf4() -> Callable[..., torch.Tensor]:
+def import_nf4() -> Callable[..., torch.Tensor]:
     """torchao's ``to_nf4`` (raises ImportError when torchao, or its NF4 tensor, is not importable)."""
     try:
         from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
@@ -191,7 +191,7 @@ def unavailable(model: str) -> str | None:
     """Why ``model`` cannot be built in this environment (None: it can)."""
     if model == "block_nf4":
         try:
-            _import_nf4()
+            import_nf4()
         except Exception as e:  # torchao missing, or failing to import against this torch
             return f"torchao NF4 is not importable ({type(e).__name__}: {e})"
     return None
@@ -202,25 +202,25 @@ def _nf4(weight: torch.Tensor) -> torch.Tensor:
     import math
 
     blocks = weight.numel() // 64
-    return _import_nf4()(weight.contiguous(), 64, math.gcd(256, blocks))
+    return import_nf4()(weight.contiguous(), 64, math.gcd(256, blocks))
 
 
 def _build_block(model: str, size: str, device: str, tag: str, seed: int) -> Workload:
     norms, weights, x = _block_dense(size, device, seed)
     heads = BLOCK_SIZES[size][3]
     if model == "block_pair":
-        from .._compat import two_tensor_type
+        from subclass_ca._compat import two_tensor_type
 
         two_tensor = two_tensor_type()
         if two_tensor is None:  # pragma: no cover - torch without its testing package
-            from ..testing.subclasses import PairTensor as two_tensor
+            from subclass_ca.testing.subclasses import PairTensor as two_tensor
         # the activations are TwoTensors past the first projection, so the RMSNorm weights are TwoTensors too
         # (a plain weight would get a TwoTensor .grad)
         params = [torch.nn.Parameter(two_tensor(w.clone(), w * 0.5)) for w in norms + weights]
         return Workload(model=model, size=size, params=params, inputs=(x, heads),
-                        forward=_private_copy(_block_dense_forward, tag))
+                        forward=private_copy(_block_dense_forward, tag))
     if model == "block_int8_lora":
-        from ..testing.subclasses import Int8RowwiseTensor
+        from subclass_ca.testing.subclasses import Int8RowwiseTensor
 
         bases = [Int8RowwiseTensor.quantize(w) for w in weights]
     else:  # block_nf4
@@ -230,7 +230,7 @@ def _build_block(model: str, size: str, device: str, tag: str, seed: int) -> Wor
         bases = [_nf4(w) for w in weights]
     params = [torch.nn.Parameter(t) for t in norms + _lora_factors(weights, seed + 1)]
     return Workload(model=model, size=size, params=params, inputs=(x, heads, *bases),
-                    forward=_private_copy(_block_lora_forward, tag))
+                    forward=private_copy(_block_lora_forward, tag))
 
 
 def ensure_process_group(device: str) -> None:
@@ -261,17 +261,17 @@ def build(model: str, size: str, device: str, *, tag: str, seed: int = 0) -> Wor
     dense, x = _dense_mlp(size, device, seed)
     if model == "plain":
         params = [torch.nn.Parameter(t) for t in dense]
-        return Workload(model=model, size=size, params=params, inputs=(x,), forward=_private_copy(_mlp_forward, tag))
+        return Workload(model=model, size=size, params=params, inputs=(x,), forward=private_copy(_mlp_forward, tag))
     if model == "pair":
-        from .._compat import two_tensor_type
+        from subclass_ca._compat import two_tensor_type
 
         two_tensor = two_tensor_type()
         if two_tensor is None:  # pragma: no cover - torch without its testing package
-            from ..testing.subclasses import PairTensor as two_tensor
+            from subclass_ca.testing.subclasses import PairTensor as two_tensor
         params = [torch.nn.Parameter(two_tensor(t.clone(), t * 0.5)) for t in dense]
-        return Workload(model=model, size=size, params=params, inputs=(x,), forward=_private_copy(_mlp_forward, tag))
+        return Workload(model=model, size=size, params=params, inputs=(x,), forward=private_copy(_mlp_forward, tag))
     if model == "int8_lora":
-        from ..testing.subclasses import Int8RowwiseTensor
+        from subclass_ca.testing.subclasses import Int8RowwiseTensor
 
         w1, _, w2, _ = dense
         batch, features, hidden = SIZES[size]
@@ -283,7 +283,7 @@ def build(model: str, size: str, device: str, *, tag: str, seed: int = 0) -> Wor
         base1, base2 = Int8RowwiseTensor.quantize(w1), Int8RowwiseTensor.quantize(w2)
         params = [torch.nn.Parameter(t) for t in (a1, b1, a2, b2)]
         return Workload(
-            model=model, size=size, params=params, inputs=(x, base1, base2), forward=_private_copy(_lora_forward, tag)
+            model=model, size=size, params=params, inputs=(x, base1, base2), forward=private_copy(_lora_forward, tag)
         )
     # dtensor
     from torch.distributed.device_mesh import init_device_mesh
@@ -293,4 +293,4 @@ def build(model: str, size: str, device: str, *, tag: str, seed: int = 0) -> Wor
     mesh = init_device_mesh(torch.device(device).type, (1,))
     params = [torch.nn.Parameter(distribute_tensor(t, mesh, [Replicate()])) for t in dense]
     dx = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
-    return Workload(model=model, size=size, params=params, inputs=(dx,), forward=_private_copy(_mlp_forward, tag))
+    return Workload(model=model, size=size, params=params, inputs=(dx,), forward=private_copy(_mlp_forward, tag))

@@ -10,7 +10,7 @@ compute stream -- that is the overlap.  On CPU (gloo) the call blocks the thread
 FSDP2 overlaps nothing there.
 
 Under ``subclass_ca.enable()`` the CA graph is split at FSDP2's hooks (Note [Splitting the CA
-graph at FSDP2's hooks] in ``_split.py``), and the hooks run eagerly *between* the compiled
+graph at FSDP2's hooks] in ``subclass_ca/_split.py``), and the hooks run eagerly *between* the compiled
 pieces, in graph order.  So the overlap is kept exactly when every reduce-scatter is issued
 at the same point of the backward as in eager: after its layer's gradient pieces and before
 the pieces that compute the next layer's gradients (not bunched at the end of the backward).
@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 
-from .fsdp2_parity import FSDP2Run, _backward_context, _shard, build_model, rank_batch
+from . import report
+from .fsdp2_parity import FSDP2Run, backward_context, build_model, rank_batch, shard
 
 __all__ = [
     "MODES",
@@ -52,14 +53,20 @@ __all__ = [
     "kernel_overlaps",
     "profile",
     "summary_json",
+    "to_json",
+    "TARGETS",
     "format_summary",
     "markdown_section",
     "add_arguments",
+    "run_config",
     "profile_main",
+    "build_parser",
     "main",
 ]
 
 MODES: tuple[str, ...] = ("eager", "subclass_ca")
+TARGETS: dict[str, str] = {}
+"""None: the schedules are compared (``same_schedule``), not judged against a target."""
 BACKWARD_LABEL = "subclass_ca::fsdp2_profile::backward"
 """``record_function`` label around the profiled ``loss.backward()``: the schedule's time origin and end."""
 MIN_SEGMENT_US = 1.0
@@ -326,7 +333,7 @@ def _profiled_backward(loss: torch.Tensor, mode: str, run: FSDP2Run, trace: Path
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     with profile(activities=activities) as prof:
         with record_function(BACKWARD_LABEL):
-            with _backward_context(mode, run):
+            with backward_context(mode, run):
                 loss.backward()
             if cuda:
                 torch.cuda.synchronize()  # the span ends when the GPU work (and FSDP2's streams) has
@@ -340,10 +347,10 @@ def _profile_mode(rank: int, mode: str, run: FSDP2Run, trace_dir: str | None) ->
     """Train ``run.steps`` steps in ``mode``; rank 0 profiles the last backward and returns its schedule."""
     import torch.distributed as dist
 
-    from ..diagnostics import last_report
+    from subclass_ca.diagnostics import last_report
 
     model = build_model(run)  # on run.device
-    _shard(model, run)
+    shard(model, run)
     forward = torch.compile(model, backend=run.backend) if mode == "subclass_ca" else model
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=run.lr)
     schedule = None
@@ -361,15 +368,15 @@ def _profile_mode(rank: int, mode: str, run: FSDP2Run, trace_dir: str | None) ->
                 split_pieces=getattr(report, "split_pieces", None), split_hooks=getattr(report, "split_hooks", None),
             )
         else:
-            with _backward_context(mode, run):
+            with backward_context(mode, run):
                 loss.backward()
         optimizer.step()
     return schedule
 
 
 def _profile_worker(rank: int, world_size: int, modes: Sequence[str], run: FSDP2Run, trace_dir: str | None) -> dict[str, Any]:
-    from .. import _compat
-    from ..api import reset
+    from subclass_ca import _compat
+    from subclass_ca.api import reset
 
     out = {}
     for mode in modes:
@@ -392,7 +399,7 @@ def profile(
     ``run.steps - 1`` warm-up steps (compilation, FSDP2's lazy init) come first.  With
     ``trace_dir`` rank 0's chrome traces are written there (``fsdp2_<mode>_rank0.json``).
     """
-    from .launcher import run_workers
+    from subclass_ca.distributed import run_workers
 
     run = run or FSDP2Run(steps=4)
     if run.steps < 2:
@@ -423,6 +430,9 @@ def summary_json(summary: dict[str, Any]) -> dict[str, Any]:
     """The summary with its schedules as plain dicts (``json.dumps``-able), outlines included."""
     modes = {mode: {**dataclasses.asdict(s), "outline": list(s.outline())} for mode, s in summary["modes"].items()}
     return {**summary, "modes": modes}
+
+
+to_json = summary_json
 
 
 # --- reports ----------------------------------------------------------------------
@@ -477,7 +487,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def markdown_section(summary: dict[str, Any]) -> str:
+def markdown_section(summary: dict[str, Any], *, command: str | None = None) -> str:
     """A markdown section: one table row per (mode, reduce-scatter), the outlines, the command."""
     lines = ["", "## FSDP2 backward schedule: where the reduce-scatters run", "", _headline(summary) + ".", "",
              "| mode | group | issued (ms, % of backward) | call (ms) | compute before (ms) | later compute (ms, spans) "
@@ -493,14 +503,15 @@ def markdown_section(summary: dict[str, Any]) -> str:
     lines.append("")
     lines += [f"* {_mode_line(schedule)}; outline `{' > '.join(schedule.outline())}`" for schedule in summary["modes"].values()]
     lines += ["", f"Same hook/compute order in every mode: {'yes' if summary['same_schedule'] else '**no**'}.  "
-              f"Command: `{summary.get('command', 'python -m subclass_ca fsdp2-profile')}`.", ""]
+              f"Command: `{report.command_of(summary, command, 'python -m tools fsdp2-profile')}`.", ""]
     return "\n".join(lines)
 
 
 # --- CLI --------------------------------------------------------------------------
 
 
-def _run_from_args(args: argparse.Namespace) -> FSDP2Run:
+def run_config(args: argparse.Namespace) -> FSDP2Run:
+    """The run ``args`` name (``model``, ``steps`` or ``fsdp2_steps``, ``backend``, ``device``), validated, nothing launched."""
     from .bench_fsdp2 import MODELS
 
     model = getattr(args, "model", None) or "micro"
@@ -517,29 +528,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", metavar="PATH", help="also write the markdown section")
 
 
-def profile_main(args: argparse.Namespace, *, command: str = "python -m subclass_ca fsdp2-profile") -> int:
+def profile_main(args: argparse.Namespace, *, command: str = "python -m tools fsdp2-profile") -> int:
     """Profile, print, write ``--json`` / ``--markdown``; exit status 1 when the modes' schedules differ.
 
     Reads ``nproc``, ``backend``, ``steps`` (or ``fsdp2_steps``), ``device``, ``timeout``,
     ``trace_dir``, ``json``, ``markdown`` from ``args``, each optional (so a parser that has
     only some of them, like ``fsdp2 --profile``, can call it); raises ValueError on bad values.
     """
-    run = _run_from_args(args)
+    run = run_config(args)
     trace_dir = getattr(args, "trace_dir", None)
     summary = profile(run, world_size=getattr(args, "nproc", 2), timeout_s=getattr(args, "timeout", 300.0), trace_dir=trace_dir)
     summary["command"] = command
     print(format_summary(summary))
-    if getattr(args, "json", None):
-        Path(args.json).write_text(json.dumps(summary_json(summary), indent=2) + "\n")
-    if getattr(args, "markdown", None):
-        Path(args.markdown).write_text(markdown_section(summary))
+    report.write(sys.modules[__name__], summary, json_path=getattr(args, "json", None),
+                 markdown_path=getattr(args, "markdown", None))
     if trace_dir:
         print(f"chrome traces: {trace_dir}/fsdp2_<mode>_rank0.json")
     return 0 if summary["same_schedule"] else 1
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m subclass_ca fsdp2-profile", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m tools fsdp2-profile``."""
+    parser = argparse.ArgumentParser(prog="python -m tools fsdp2-profile", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2, help="world size (processes on 127.0.0.1)")
     parser.add_argument("--backend", default="aot_eager", help="backend of the compiled forward and the CA pieces")
     parser.add_argument("--steps", type=int, default=4, help="steps per mode; the last one is profiled (default 4)")
@@ -554,10 +564,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(argv) if argv is not None else sys.argv[1:]
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return profile_main(args, command=" ".join(["python -m subclass_ca fsdp2-profile", *argv]))
+        return profile_main(args, command=" ".join(["python -m tools fsdp2-profile", *argv]))
     except ValueError as error:
         parser.error(str(error))
 

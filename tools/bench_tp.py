@@ -1,7 +1,7 @@
 """Tensor-parallel transformer block on 2 processes: eager / compile / stock CA / subclass_ca, timed and checked.
 
-``python -m subclass_ca bench --tp --nproc 2`` (or :func:`bench`) launches ``world_size``
-ranks (gloo, 127.0.0.1, through :mod:`.launcher`) that each build the same seeded block::
+``python -m tools bench --tp --nproc 2`` (or :func:`bench`) launches ``world_size``
+ranks (gloo, 127.0.0.1, through :mod:`subclass_ca.distributed`) that each build the same seeded block::
 
     x -> RMSNorm -> causal multi-head attention (SDPA) -> + x -> RMSNorm -> SwiGLU MLP -> + residual
 
@@ -45,14 +45,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import _compat
-from .bench_models import _private_copy
+from subclass_ca import _compat
 
-__all__ = ["TPBench", "MODES", "TOLERANCE", "Block", "build_block", "parallelize", "bench", "markdown_section", "format_summary"]
+from .bench_models import private_copy
+from .report import as_json as to_json
+from .report import command_of
+
+__all__ = ["TPBench", "MODES", "TOLERANCE", "TARGETS", "Block", "build_block", "parallelize", "bench", "markdown_section",
+           "format_summary", "to_json"]
 
 MODES: tuple[str, ...] = ("eager", "compile", "stock_ca", "subclass_ca")
 #: backend -> atol = rtol of the gradient check against eager (other backends: the inductor value)
 TOLERANCE: dict[str, float] = {"aot_eager": 1e-5, "inductor": 1e-4}
+TARGETS: dict[str, str] = {}
+"""None: the TP rows are measured and checked, not judged against a target."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -187,7 +193,7 @@ class _Config:
 def _context(mode: str, backend: str | None) -> Callable[[], Any]:
     """What a step of ``mode`` enters around ``loss.backward()``."""
     if mode == "subclass_ca":
-        from ..api import enable
+        from subclass_ca.api import enable
 
         ours = enable(backend=backend)
         return lambda: ours
@@ -203,7 +209,7 @@ def _make_step(model: Block, mode: str, backend: str | None, x: torch.Tensor, y:
 
     # a private code object per configuration: Dynamo's cache is per code object, so no mode
     # is served a forward graph another mode compiled (each cold step compiles its own)
-    step_loss = _private_copy(step_loss, tag)
+    step_loss = private_copy(step_loss, tag)
     forward = step_loss if mode == "eager" else torch.compile(step_loss, backend=backend, fullgraph=True)
     context = _context(mode, backend)
     params = list(model.parameters())
@@ -284,7 +290,7 @@ def _prime(backends: Sequence[str]) -> None:
 
     for backend in backends:
         for mode in MODES[1:]:
-            fn = torch.compile(_private_copy(tiny, f"{mode}_{backend}"), backend=backend, fullgraph=True)
+            fn = torch.compile(private_copy(tiny, f"{mode}_{backend}"), backend=backend, fullgraph=True)
             loss = fn(w)
             with _context(mode, backend)():
                 loss.backward()
@@ -294,7 +300,7 @@ def _prime(backends: Sequence[str]) -> None:
 def _rank_main(rank: int, world_size: int, settings: TPBench, backends: tuple[str, ...]) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ..api import reset
+    from subclass_ca.api import reset
 
     settings.check_world_size(world_size)
     start = time.perf_counter()
@@ -356,7 +362,7 @@ def bench(
     timeout_s: float = 400.0,
 ) -> dict[str, Any]:
     """Run the TP block bench on ``world_size`` processes; rank 0's timings, every rank's gradient check."""
-    from .launcher import run_workers
+    from subclass_ca.distributed import run_workers
 
     settings = settings or TPBench()
     settings.check_world_size(world_size)
@@ -384,7 +390,7 @@ def bench(
         "rows": rows,
         "ok": all(r["error"] is None and r["grads_match_eager"] for r in rows if r["mode"] != "stock_ca"),
         "wall_s": time.perf_counter() - start,
-        "command": f"python -m subclass_ca bench --tp --nproc {world_size}",
+        "command": f"python -m tools bench --tp --nproc {world_size}",
     }
 
 
@@ -412,7 +418,7 @@ def _table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def markdown_section(result: dict[str, Any]) -> str:
+def markdown_section(result: dict[str, Any], *, command: str | None = None) -> str:
     """RESULTS.md section for :func:`bench`'s result."""
     s = result["settings"]
     lines = [
@@ -430,7 +436,7 @@ def markdown_section(result: dict[str, Any]) -> str:
         "",
         *_table(result),
         "",
-        f"Command: `{result.get('command', 'python -m subclass_ca bench --tp')}` ({result['wall_s']:.0f} s). "
+        f"Command: `{command_of(result, command, 'python -m tools bench --tp')}` ({result['wall_s']:.0f} s). "
         "stock_ca = torch's own compiled autograd with `torch.compile(gm, backend=b, fullgraph=True)`.",
         "",
     ]

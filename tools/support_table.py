@@ -1,4 +1,4 @@
-"""``python -m subclass_ca versions``: the support table, from real runs, one JSON per torch lane.
+"""``python -m tools versions``: the support table, from real runs, one JSON per torch lane.
 
 ``versions run --json FILE`` runs every row on the installed torch twice, under stock
 compiled autograd and under ``subclass_ca.enable()``, and records pass / fail (with the error)
@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import platform
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,10 +24,14 @@ import torch
 
 import subclass_ca
 
-from .. import _compat
-from ..testing.scenarios import scenario_names
-from ..testing.specs import ZOO_SPECS, builtin_specs
-from ..testing.suite import run_scenario
+from subclass_ca import _compat
+from subclass_ca._compat.version import parse_torch_version
+from subclass_ca.testing.scenarios import scenario_names
+from subclass_ca.testing.specs import ZOO_SPECS, builtin_specs
+from subclass_ca.testing.suite import run_scenario
+
+from . import ROOT, checkout_env
+from .progress import Progress
 
 MODES = ("stock", "subclass_ca")
 KIT_SUBCLASSES = ("two_tensor", "int8", "nested_pair", "tagged")
@@ -244,47 +249,36 @@ def _torchao_status() -> str:
     return str(getattr(torchao, "__version__", "?"))
 
 
-class _Progress:
-    """Progress of ``versions run`` on stderr from its first second: a tqdm bar when tqdm is
-    installed (shown at 0/N before the first row starts), else one line per row as it starts."""
+def _row_outcomes(name: str) -> dict[str, dict[str, str]]:
+    row = EXTRA_ROWS[name]
+    return {mode: _outcome(lambda mode=mode: row(mode)) for mode in MODES}
 
-    def __init__(self, total: int, *, stream: Any = None, use_tqdm: bool = True) -> None:
-        self.total, self.index = total, 0
-        self.stream = sys.stderr if stream is None else stream
-        self._bar = None
-        print(f"versions run: {total} rows x {len(MODES)} modes ({', '.join(MODES)}) on torch {torch.__version__}, "
-              f"{BACKEND}", file=self.stream, flush=True)
-        if use_tqdm:
-            try:
-                from tqdm.auto import tqdm  # noqa: PLC0415
-            except ImportError:
-                pass
-            else:
-                self._bar = tqdm(total=total, unit="row", file=self.stream, dynamic_ncols=True, mininterval=0)
-                self._bar.refresh()
 
-    def start(self, name: str) -> None:
-        self.index += 1
-        if self._bar is not None:
-            self._bar.set_description(name[:48])
-            self._bar.refresh()
-        else:
-            print(f"[{self.index}/{self.total}] {name} ...", file=self.stream, flush=True)
+def _isolated_row(name: str, *, timeout_s: float = 300.0) -> dict[str, dict[str, str]]:
+    """One training-style row in a fresh interpreter (``versions row NAME``), its outcomes from its last line.
 
-    def done(self) -> None:
-        if self._bar is not None:
-            self._bar.update(1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
+    Each row is a whole training style whose torch state (compiled caches, hooks, the garbage of its
+    stock run) must not reach the next: torch 2.11's stock compiled autograd crashes collecting the
+    garbage of an optimizer-in-backward run, which took the next row down with it.  A row whose
+    process dies after it reported keeps its outcomes; one that dies before fails in every mode.
+    """
+    command = [sys.executable, "-m", "tools", "versions", "row", name]
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=checkout_env(), capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {mode: {"status": "fail", "detail": f"row did not finish in {timeout_s:.0f} s"} for mode in MODES}
+    for line in reversed(done.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    last = (done.stderr.strip().splitlines() or [""])[-1][:120]
+    return {mode: {"status": "fail", "detail": f"row process exited {done.returncode} before reporting: {last}"} for mode in MODES}
 
 
 def lane_rows(*, quick: bool = False) -> dict[str, Callable[[], dict[str, dict[str, str]]]]:
     """Every row of one lane: name -> a function returning ``{mode: outcome}``."""
     rows: dict[str, Callable[[], dict[str, dict[str, str]]]] = {}
-    for name, row in EXTRA_ROWS.items():
-        rows[name] = lambda row=row: {mode: _outcome(lambda mode=mode: row(mode)) for mode in MODES}
+    for name in EXTRA_ROWS:
+        rows[name] = lambda name=name: _isolated_row(name)
     if not quick:
         for name, run in _kit_rows().items():
             rows[name] = lambda run=run: {mode: run(mode) for mode in MODES}
@@ -301,19 +295,16 @@ def run_lane(
 ) -> dict[str, Any]:
     """Run every row (``rows``: default :func:`lane_rows`), print one result line per row, write ``out``."""
     rows = lane_rows(quick=quick) if rows is None else rows
-    bar = _Progress(len(rows), stream=stream, use_tqdm=progress) if progress else None
+    if progress:
+        print(f"versions run: {len(rows)} rows x {len(MODES)} modes ({', '.join(MODES)}) on torch {torch.__version__}, "
+              f"{BACKEND}", file=sys.stderr if stream is None else stream, flush=True)
     results: dict[str, dict[str, dict[str, str]]] = {}
-    try:
+    with Progress(len(rows), enabled=progress, unit="row", stream=stream) as bar:
         for name, run in rows.items():
-            if bar is not None:
-                bar.start(name)
+            bar.start(name)
             results[name] = run()
-            if bar is not None:
-                bar.done()
+            bar.update()
             print(f"{name}: " + ", ".join(f"{m}={results[name][m]['status']}" for m in MODES), flush=True)
-    finally:
-        if bar is not None:
-            bar.close()
     lane = {"torch": torch.__version__, "torchao": _torchao_status(), "python": platform.python_version(), "rows": results}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(lane, indent=1))
@@ -322,24 +313,54 @@ def run_lane(
 
 _SYMBOL = {"pass": "pass", "fail": "**fail**", "skip": "skip"}
 
+KNOWN_LIMITS_TEXT = (
+    "Known limits of torch 2.11 and 2.12 beyond this table (each pinned by a test on those lanes; the",
+    "runtime detects the torch shapes involved by feature, never by version):",
+    "",
+    "- a leaf whose `grad_dtype` differs from its dtype (a bf16 parameter with float32 `grad_dtype`) cannot be",
+    "  captured: torch's AccumulateGrad assigns `.grad` inside the CA graph there, which Dynamo refuses (stock",
+    "  too); subclass_ca raises `UnsupportedTorchError` naming the tensor (`tests/test_accumulate.py`);",
+    "- eager FSDP2 itself fails bf16 `MixedPrecisionPolicy` on CPU on 2.11 (subclass_ca then refuses too), and",
+    "  stock compiled autograd refuses FSDP2's final callback there instead of leaving it unsharded",
+    "  (`tests/test_fsdp2.py`);",
+    "- torch 2.11's compiled autograd (stock too) corrupts memory when an optimizer steps inside a",
+    "  post-accumulate-grad hook of a backward with graph breaks (`enable(fullgraph=False)`): values are right,",
+    "  but a later garbage collection can crash the process; fixed in 2.12 (tests of it run isolated);",
+    "- a DTensor parameter's `.grad` placement after a placement change is Replicate where eager gives",
+    "  Partial(sum) (stock alike; values equal); two threads training at once meet Dynamo's nested-FX-trace",
+    "  check when the threads interleave so (a strict xfail and a non-strict one for the race, `tests/testing/test_kit_dtensor.py`, `tests/test_runtime_threads.py`);",
+    "- CA graphs bypass AOTAutogradCache (torch has no cache-key hook for graph globals there): a restart",
+    "  traces them again, as under stock compiled autograd (`docs/warm_start.md`).",
+)
+"""Hand-kept facts the table's rows cannot show, printed under its preamble."""
+
+
+def _release_of(lane: dict[str, Any]) -> str:
+    """``"2.11.0+cu130"`` -> ``"2.11.0"``: the lane's torch as the table shows it."""
+    return ".".join(map(str, parse_torch_version(lane["torch"])))
+
 
 def render(lanes: Sequence[dict[str, Any]]) -> str:
-    lanes = sorted(lanes, key=lambda lane: [int(p) for p in lane["torch"].split("+")[0].split(".")[:3]])
-    header = ["feature / scenario"] + [f"{lane['torch'].split('+')[0]} {mode}" for lane in lanes for mode in MODES]
+    """The support table (docs/versions.md) of the lanes' JSON files, oldest torch first."""
+    lanes = sorted(lanes, key=lambda lane: parse_torch_version(lane["torch"]))
+    header = ["feature / scenario"] + [f"{_release_of(lane)} {mode}" for lane in lanes for mode in MODES]
     lines = [
         "# Support table: torch versions x stock compiled autograd / subclass_ca",
         "",
-        "Generated by `make versions` (per lane: `python -m subclass_ca versions run --json`; merged by",
-        "`python -m subclass_ca versions render`). Every cell is a real run on CPU with `aot_eager`: values and",
+        "Generated by `make versions` (per lane: `python -m tools versions run --json`; merged by",
+        "`python -m tools versions render`). Every cell is a real run on CPU with `aot_eager`: values and",
         "gradient types compared with eager. Failures list their first error line below the table.",
         "",
         "Reading the failures: *compiled AdamW over plain params with subclass grads* is a torch limitation in",
-        "every mode: torch 2.13 refuses to compile that optimizer step (its own error, also inside",
+        "every mode: torch 2.11-2.13 refuse to compile that optimizer step (their own error, also inside",
         "`enable()`: the workaround is scoped to subclass_ca's CA graph), and torch 2.14/2.15 compile it to wrong",
-        "values with or without compiled autograd (keep that step eager). *Nested jagged tensors*: torch's C++",
+        "values with or without compiled autograd, which subclass_ca refuses inside `enable()`",
+        "(`CompiledOptimizerStepError`; keep that step eager). *Nested jagged tensors*: torch's C++",
         "compiled autograd refuses NJT before anything runs; subclass_ca turns that into an",
         "`UnsupportedSubclassError` naming NJT (run that backward outside `enable()`). `metadata_change` skips",
         "subclasses without constant metadata (see the `tagged` rows).",
+        "",
+        *KNOWN_LIMITS_TEXT,
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -356,29 +377,39 @@ def render(lanes: Sequence[dict[str, Any]]) -> str:
                     continue
                 text = _SYMBOL.get(cell["status"], cell["status"])
                 if cell["status"] != "pass" and cell["detail"]:
-                    notes.append(f"{len(notes) + 1}. {name} — torch {lane['torch'].split('+')[0]}, {mode}: {cell['detail']}")
+                    notes.append(f"{len(notes) + 1}. {name} — torch {_release_of(lane)}, {mode}: {cell['detail']}")
                     text += f" [{len(notes)}]"
                 cells.append(text)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "torchao per lane: " + "; ".join(f"torch {l['torch'].split('+')[0]}: {l['torchao']}" for l in lanes), ""]
+    lines += ["", "torchao per lane: " + "; ".join(f"torch {_release_of(l)}: {l['torchao']}" for l in lanes), ""]
     if notes:
         lines += ["## Notes", "", *notes, ""]
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m subclass_ca versions", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m tools versions`` (``run`` and ``render``)."""
+    parser = argparse.ArgumentParser(prog="python -m tools versions", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="run every row on this torch, write one lane's JSON")
     run_p.add_argument("--json", type=Path, required=True)
     run_p.add_argument("--quick", action="store_true", help="training-style rows only (no kit battery)")
     run_p.add_argument("--no-progress", action="store_true", help="no progress on stderr (tqdm bar, else a line per row)")
+    row_p = sub.add_parser("row", help="run one training-style row in this process, print its outcomes as JSON")
+    row_p.add_argument("name", choices=list(EXTRA_ROWS))
     render_p = sub.add_parser("render", help="merge lane JSON files into a markdown table")
     render_p.add_argument("lanes", nargs="+", type=Path)
     render_p.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "run":
         run_lane(args.json, quick=args.quick, progress=not args.no_progress)
+        return 0
+    if args.command == "row":
+        print(json.dumps(_row_outcomes(args.name)), flush=True)
         return 0
     args.out.write_text(render([json.loads(p.read_text()) for p in args.lanes]))
     print(f"wrote {args.out}")

@@ -20,7 +20,7 @@ so that equal keys in two processes mean equal behaviour.
   code digest (our AccumulateGrad swaps change what it traces to).  Custom C++ functions
   (``CppNode<name><n>``) are numbered per process and stay refused;
 * an AOT backward prologue: the code AOT generated for it and every value that code reads
-  (tangent metadata, subclass unwrap code), described by ``_fingerprint.describe``;
+  (tangent metadata, subclass unwrap code), described by ``fingerprint.describe``;
 * one of our ``make_<Subclass>`` callables: the handler (rebuild and metadata-key code and
   their closures), the subclass's flatten protocol code, and *every recipe interned for that
   class so far* (its id -> what it rebuilds), because a node carries only ``recipe=<id>``.
@@ -59,9 +59,9 @@ from typing import Any
 
 import torch
 
-from . import _compat
-from ._fingerprint import Unstable, describe, digest, package_digest
-from ._recipe import all_recipes
+from .. import _compat
+from .fingerprint import Unstable, describe, digest, package_digest
+from .._recipe import all_recipes
 
 __all__ = [
     "key_of", "compile_kwargs", "cacheable_names", "uncacheable_reasons", "cache_global_swap",
@@ -91,7 +91,7 @@ def _stable(what: str, build: Any) -> str:
 
 
 def _callable_key(target: Any) -> str:
-    from .registry import get_handler
+    from ..registry import get_handler
 
     cls = target._subclass_ca_type
 

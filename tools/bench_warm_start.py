@@ -1,6 +1,6 @@
 """Warm start: the first training step of a fresh process, cold (empty caches) and warm (caches of an earlier run).
 
-Every sample is its own process (``python -m subclass_ca._tools.bench_warm_start --worker``), as a
+Every sample is its own process (``python -m tools.bench_warm_start --worker``), as a
 restarted job is.  Each (model, mode) gets its own cache folder, so compile-only's saved forward
 never warms the CA modes.  Per sample it reports the import, the first forward (Dynamo + AOT +
 inductor of the forward), the first backward (CA capture + CA-graph compile + run), split by
@@ -22,7 +22,12 @@ import tempfile
 import time
 from typing import Any
 
-__all__ = ["WarmStartBench", "MODES", "MODELS", "TARGETS", "bench", "markdown_section", "format_summary", "main"]
+from . import checkout_env
+from .report import as_json as to_json
+from .report import command_of, verdict_lines
+
+__all__ = ["WarmStartBench", "MODES", "MODELS", "TARGETS", "bench", "markdown_section", "format_summary", "to_json",
+           "build_parser", "main"]
 
 MODES = ("compile", "stock_ca", "subclass_ca", "subclass_ca_saved")
 """``subclass_ca_saved``: subclass_ca whose every process calls ``subclass_ca.save_cache()`` after its steps (timed apart)."""
@@ -96,7 +101,7 @@ def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str,
 
     import subclass_ca
     from subclass_ca import _compat
-    from subclass_ca._tools import bench_models
+    from tools import bench_models
 
     import_s = time.time() - launched_at  # interpreter start and `import torch, subclass_ca`
     imported = time.perf_counter()
@@ -160,7 +165,7 @@ def fsdp2_worker(rank: int, world_size: int, mode: str, backend: str) -> dict[st
 
     import subclass_ca
     from subclass_ca import _compat
-    from subclass_ca._tools import fsdp2_parity
+    from tools import fsdp2_parity
 
     run = fsdp2_parity.FSDP2Run(steps=4, backend=backend, params="two_tensor")
     before = _compat.cache_counters()
@@ -191,7 +196,7 @@ def fsdp2_worker(rank: int, world_size: int, mode: str, backend: str) -> dict[st
 
 def _sample(model: str, mode: str, backend: str, cache_dir: str, timeout_s: float) -> dict[str, Any]:
     if model.startswith("fsdp2"):
-        from .launcher import WorkerError, run_workers
+        from subclass_ca.distributed import WorkerError, run_workers
 
         try:
             ranks = run_workers(fsdp2_worker, FSDP2_NPROC, timeout_s=timeout_s, args=(mode, backend),
@@ -199,8 +204,8 @@ def _sample(model: str, mode: str, backend: str, cache_dir: str, timeout_s: floa
         except WorkerError as error:
             return {"model": model, "mode": mode, "error": [str(error).splitlines()[0]]}
         return ranks[0]
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir, "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-m", "subclass_ca._tools.bench_warm_start", "--worker", json.dumps([model, mode, backend, time.time()])]
+    env = checkout_env({**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir, "OMP_NUM_THREADS": "1"})
+    args = [sys.executable, "-m", "tools.bench_warm_start", "--worker", json.dumps([model, mode, backend, time.time()])]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         return {"model": model, "mode": mode, "error": done.stderr.strip().splitlines()[-1:] or ["exit %d" % done.returncode]}
@@ -320,10 +325,7 @@ def format_summary(results: dict[str, Any]) -> str:
                      f"{r['warm_forward_s']:.2f} / {r['warm_backward_s']:.2f} s   hit={c.get('aot_hit')} miss={c.get('aot_miss')} "
                      f"bypass={c.get('aot_bypass')}")
     _refresh(results)
-    for key, text in TARGETS.items():
-        v = results["verdicts"][key]
-        lines.append(f"  {({True: 'met   ', False: 'MISSED', None: 'n/a   '})[v['met']]} {text}: {v['detail']}")
-    return "\n".join(lines)
+    return "\n".join(lines + verdict_lines(TARGETS, results["verdicts"], indent="  "))
 
 
 def _torch_of(results: dict[str, Any]) -> str:
@@ -338,11 +340,11 @@ def _refresh(results: dict[str, Any]) -> None:
     results["verdicts"] = _verdicts(results["rows"])
 
 
-def markdown_section(results: dict[str, Any], command: str) -> str:
+def markdown_section(results: dict[str, Any], *, command: str | None = None) -> str:
     """The RESULTS.md section: rows, the warm breakdown, the targets, the command."""
     _refresh(results)
     out = ["", "## Warm start: the first step of a restarted process", "",
-           f"Command: `{command}` (torch {_torch_of(results)}).", "",
+           f"Command: `{command_of(results, command, 'python -m tools bench --warm-start')}` (torch {_torch_of(results)}).", "",
            "Each sample is a fresh process; cold = empty cache folder, then restarts on the folder the earlier processes of "
            f"the same (model, mode) filled ({results['settings']['warm_reps']} restarts: the first one apart, the later ones as "
            "median and min-max spread; the breakdown is of the later ones). First step = first forward + first backward, "
@@ -384,14 +386,19 @@ def markdown_section(results: dict[str, Any], command: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m subclass_ca._tools.bench_warm_start")
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m tools.bench_warm_start`` (also each sample's ``--worker`` process)."""
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_warm_start", description=__doc__.splitlines()[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--warm-reps", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.worker:
         model, mode, backend, launched_at = json.loads(args.worker)
         print(json.dumps(worker(model, mode, backend, launched_at)))

@@ -27,13 +27,16 @@ from typing import Any
 
 import torch
 
-from .. import _compat
-from .. import api as _api
-from ..diagnostics import named_callables
-from . import bench_models as _bench_models
-from .bench_stats import rss_bytes, stats, targets_table
+from subclass_ca import _compat
+from subclass_ca import api as _api
+from subclass_ca.diagnostics import named_callables
 
-__all__ = ["RuntimeBench", "run", "verdicts", "markdown_section", "TARGETS"]
+from . import bench_models as _bench_models
+from .bench_stats import rss_bytes, stats
+from .report import as_json as to_json
+from .report import targets_table, verdict_lines
+
+__all__ = ["RuntimeBench", "run", "verdicts", "markdown_section", "format_summary", "to_json", "TARGETS"]
 
 TARGETS: dict[str, str] = {
     "enter_exit": "enable() enter+exit <= stock compiled autograd's",
@@ -182,8 +185,8 @@ def _fmt_stats(stats: dict[str, float]) -> str:
     return f"{stats['median']:.2f} ({stats['q1']:.2f}–{stats['q3']:.2f})"
 
 
-def markdown_section(result: dict[str, Any]) -> str:
-    """The "Runtime overhead" section of RESULTS.md."""
+def markdown_section(result: dict[str, Any], *, command: str | None = None) -> str:
+    """The "Runtime overhead" section of RESULTS.md (inside the main bench's, which names the command; ``command``: name it here)."""
     settings = result["settings"]
     enter = result["enter_exit_us"]
     lines = [
@@ -219,4 +222,11 @@ def markdown_section(result: dict[str, Any]) -> str:
                 f"| {row['mode']} ({row['steps']} steps) | {a['rss_kib']} | {b['rss_kib']} | {row['rss_growth_kib']:+d} | "
                 f"{a['named_callables']} → {b['named_callables']} | {a['captures']} → {b['captures']} |"
             )
+    if command:
+        lines += ["", f"Command: `{command}`."]
     return "\n".join(lines) + "\n"
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """The verdicts as plain text."""
+    return "\n".join(verdict_lines(TARGETS, result["verdicts"]))

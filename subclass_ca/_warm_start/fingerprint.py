@@ -2,7 +2,7 @@
 
 A description is a string that is equal in two processes exactly when the described object
 behaves the same in both, as far as this module can tell (Note [Warm start through torch's
-caches] in ``_cacheable.py``).  Whatever cannot be described that way (an object whose only
+caches] in ``cacheable.py``).  Whatever cannot be described that way (an object whose only
 text is ``<... at 0x7f...>``, a tensor's values) raises :class:`Unstable`; the caller then keys
 by a per-process nonce, so the entry can miss across processes but never hits stale.
 """
@@ -38,12 +38,12 @@ def digest(*parts: str) -> str:
 @functools.cache
 def package_digest() -> str:
     """subclass_ca's version and the digest of its own source: any change to our code is a new key."""
-    from . import __version__
+    from .._version import __version__
 
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package, not this subpackage
     hasher = hashlib.blake2b(digest_size=12)
     for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "_tools", "testing"))
+        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "testing"))
         for name in sorted(f for f in files if f.endswith(".py")):
             path = os.path.join(folder, name)
             hasher.update(os.path.relpath(path, root).encode())

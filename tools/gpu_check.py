@@ -1,33 +1,41 @@
-"""``python -m subclass_ca gpu-check``: verify the library on one CUDA GPU with one prepared command.
+"""``python -m tools gpu-check``: verify the library on one CUDA GPU with one prepared command.
 
-``make gpu-check`` runs it (docs/gpu.md).  The steps, cheapest and most important first, each
-a subprocess of this interpreter with its own timeout, all under one budget (``--budget-s``,
-default 480 s); a step that would start with less budget left than it is expected to need is
-recorded as skipped for budget, never dropped:
+``make gpu-check`` runs it, and on the lent GPU device ``tools/device_gpu_check.sh`` (docs/gpu.md).
+Every step is a subprocess of this interpreter, run from the checkout with the checkout first on
+``PYTHONPATH``: subclass_ca is imported from here and need not be installed (on the device it must
+not be: building it needs setuptools from the network).  Each step has its own timeout, all share
+one budget (``--budget-s``, default 360 s, so that one 15-minute device session can run the check
+twice); a step that would start with less budget left than it is expected to need is recorded as
+skipped for budget, never dropped.  The steps, cheapest and most important first:
 
-1. ``env``: torch, CUDA, the device, its capability and memory, ``nvidia-smi`` -> ``env.json``;
-2. ``pytest-cuda``: every ``-m "cuda and not inductor"`` test (the ``device`` fixture's CUDA
+1. ``wheels`` (only when ``--wheels``, default ``wheels/``, holds ``*.whl``: optional extras such as
+   torchao, carried as wheels, ``make gpu-wheels``): installed offline (``pip install --no-index
+   --target``) into ``--site`` (default ``build/gpu-check-site``), which every later step has on
+   ``PYTHONPATH``.  Without them the tests that need torchao skip and the bench skips its NF4 row;
+2. ``env``: torch, CUDA, the device, its capability and memory, ``nvidia-smi`` -> ``env.json``;
+3. ``pytest-cuda``: every ``-m "cuda and not inductor"`` test (the ``device`` fixture's CUDA
    param, tests/conftest.py) -> ``junit-cuda.xml``;
-3. ``pytest-cuda-inductor``: the ``-m "cuda and inductor"`` tests -> ``junit-cuda-inductor.xml``;
-4. ``demo``: ``python -m subclass_ca demo --device cuda --quick``;
-5. ``bench``: the bench's transformer-block rows on CUDA (eager / compile / stock CA / subclass_ca, inductor);
-6. ``fsdp2``: FSDP2 on one GPU (NCCL, world 1), TwoTensor weights, bitwise against eager FSDP2;
-7. ``fsdp2-profile``: the CUDA profile of one FSDP2 backward, eager vs subclass_ca: where the
+4. ``pytest-cuda-inductor``: the ``-m "cuda and inductor"`` tests -> ``junit-cuda-inductor.xml``;
+5. ``demo``: ``python -m tools demo --device cuda --quick``;
+6. ``bench``: the bench's transformer-block rows on CUDA (eager / compile / stock CA / subclass_ca, inductor);
+7. ``fsdp2``: FSDP2 on one GPU (NCCL, world 1), TwoTensor weights, bitwise against eager FSDP2;
+8. ``fsdp2-profile``: the CUDA profile of one FSDP2 backward, eager vs subclass_ca: where the
    reduce-scatters run and how much of their kernels overlaps compute.
 
-Before any step but ``env`` the interpreter must have a torch in subclass_ca's range, CUDA and
-pytest; otherwise the check stops at once and says what it found and how to provide it.
-Everything goes into ``--out`` (default ``gpu-check-out/``), seven files at most (the lent
-device returns eight): ``gpu_check.json`` (every step: command, rc, wall seconds, status,
-reason, figures), ``summary.md`` (committable as ``benchmarks/GPU.md``), ``gpu_check.log``
-(every step's output, in order), ``env.json``, the two JUnit files and ``artifacts.tar.gz``
-(what demo, bench and the FSDP2 steps wrote).  Exit status: 0 when no step failed, 1 when one
-failed or timed out, 2 when the interpreter was refused.
+Before any step but ``wheels`` and ``env`` the interpreter must have a torch subclass_ca supports
+(:mod:`subclass_ca._compat.version`: 2.11 or newer; the device's 2.11.0+cu130 is), CUDA and pytest;
+otherwise the check stops at once and says what it found and how to provide it.  Everything goes
+into ``--out`` (default ``gpu-check-out/``; on the device ``$OUT``), seven files at most (the lent
+device returns eight): ``gpu_check.json`` (every step: command, rc, wall seconds, status, reason,
+figures), ``summary.md`` (committable as ``benchmarks/GPU.md``), ``gpu_check.log`` (every step's
+output, in order), ``env.json``, the two JUnit files and ``artifacts.tar.gz`` (what demo, bench and
+the FSDP2 steps wrote).  Exit status: 0 when no step failed, 1 when one failed or timed out, 2 when
+the interpreter was refused.
 
-``--dry-run`` needs no CUDA and takes seconds: it builds the plan, parses every step's
-arguments with that subcommand's own parser, collects each pytest step's tests
-(``--collect-only``; none, or none from an expected file, is a failure), checks the torch-range
-logic and prints the plan.
+``--dry-run`` needs no CUDA and takes seconds: with the same arguments as the real run it builds
+the plan, installs the carried wheels (offline) as the real run would, parses every step's
+arguments with that command's own parser, collects each pytest step's tests (``--collect-only``;
+none, or none from an expected file, is a failure), checks the torch-range logic and prints the plan.
 """
 
 from __future__ import annotations
@@ -49,76 +57,71 @@ import sys
 import tarfile
 import time
 import xml.etree.ElementTree as ElementTree
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._compat import SUPPORTED_TORCH, TESTED_TORCH
+from subclass_ca._compat import version as torch_version
+from subclass_ca.errors import UnsupportedTorchError
+
+from . import ROOT, checkout_env
 
 __all__ = [
-    "STATUSES", "Refused", "Step", "Outcome", "release", "torch_bounds", "check_torch", "preflight", "plan",
-    "check_step", "dry_run", "run_steps", "run_check", "summary_markdown", "environment", "write_environment", "main",
+    "STATUSES", "Refused", "Step", "Outcome", "check_torch", "preflight", "wheel_files", "plan", "check_step",
+    "dry_run", "run_steps", "run_check", "summary_markdown", "environment", "write_environment", "build_parser", "main",
 ]
 
-COMMAND = "python -m subclass_ca gpu-check"
-ROOT = Path(__file__).resolve().parents[2]
-"""The checkout: the pytest steps run its ``tests/``, every step runs here."""
-DEFAULT_BUDGET_S = 480.0
+COMMAND = "python -m tools gpu-check"
+DEFAULT_BUDGET_S = 360.0
+RESERVE_S = 15.0
+"""Of the budget, what no step may use: stopping a step that runs out and writing the reports."""
 DEFAULT_OUT = "gpu-check-out"
+DEFAULT_WHEELS = "wheels"
+"""Where ``make gpu-wheels`` puts the optional extras' wheels (ignored by git; carried to the device)."""
+DEFAULT_SITE = "build/gpu-check-site"
+"""Where the ``wheels`` step installs them (under the checkout, never under ``--out``: the device returns 8 files)."""
 STATUSES: tuple[str, ...] = ("passed", "failed", "timed-out", "skipped")
 REPORT_FILES: tuple[str, ...] = ("gpu_check.json", "summary.md", "gpu_check.log")
 ARTIFACTS = "artifacts.tar.gz"
 WORK = "work"
 """Subfolder of the outputs that demo, bench and the FSDP2 steps write into; packed into ``ARTIFACTS``."""
+PYTEST_WORKERS = 4
+"""pytest-xdist workers of the pytest steps (where xdist is installed): inductor compiles in parallel."""
 
 
 # --- the interpreter ---------------------------------------------------------------
 
 
 class Refused(RuntimeError):
-    """This interpreter cannot run the check (torch outside the range, no CUDA, no pytest); the message says what to provide."""
+    """This interpreter cannot run the check (a torch subclass_ca does not support, no CUDA, no pytest); the message says what to provide."""
 
 
-def release(version: str) -> tuple[int, ...]:
-    """The release numbers of a torch version: ``"2.11.0+cu130"`` -> ``(2, 11, 0)``, ``"2.16.0.dev20250101"`` -> ``(2, 16, 0)``."""
-    match = re.match(r"\d+(\.\d+)*", version.strip())
-    if not match:
-        raise ValueError(f"not a torch version: {version!r}")
-    return tuple(int(part) for part in match.group(0).split("."))
+def check_torch(version: str, *, python: str = sys.executable) -> str:
+    """Raise :class:`Refused` for a torch subclass_ca does not support (``subclass_ca._compat.version``).
+
+    Returns a note: ``""`` for a tested release, else that it is untested (it runs, as ``enable()`` does).
+    """
+    try:
+        torch_version.require_minimum(version)
+    except (UnsupportedTorchError, ValueError):
+        raise Refused(
+            f"{python} has torch {version}, which subclass_ca does not support (torch{torch_version.SUPPORTED_TORCH}; "
+            f"tested: {', '.join(torch_version.TESTED_TORCH)}): every CUDA test would fail, so none is run. Provide an "
+            f"interpreter with a CUDA build of torch {torch_version.TESTED_TORCH[0]} or newer: "
+            "`make gpu-check GPU_PYTHON=/path/to/python` uses one (the lent device's python3 has 2.11.0+cu130), "
+            "`make gpu-check` makes .venv-cuda from the public package index (needs network)."
+        ) from None
+    if torch_version.is_tested(version):
+        return ""
+    return f"torch {version} is untested (tested: {', '.join(torch_version.TESTED_TORCH)}); the check runs"
 
 
-def torch_bounds(spec: str = SUPPORTED_TORCH) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``">=2.13,<2.16"`` -> ``((2, 13), (2, 16))``: the only form pyproject.toml uses."""
-    bounds: dict[str, tuple[int, ...]] = {}
-    for clause in spec.split(","):
-        match = re.fullmatch(r"\s*(>=|<)\s*(\d+(?:\.\d+)*)\s*", clause)
-        if not match or match.group(1) in bounds:
-            raise ValueError(f"torch range {spec!r}: expected '>=A.B,<C.D'")
-        bounds[match.group(1)] = release(match.group(2))
-    if set(bounds) != {">=", "<"}:
-        raise ValueError(f"torch range {spec!r}: expected '>=A.B,<C.D'")
-    return bounds[">="], bounds["<"]
-
-
-def check_torch(version: str, *, python: str = sys.executable, spec: str = SUPPORTED_TORCH) -> None:
-    """Raise :class:`Refused` unless ``version`` lies in ``spec``, naming the torch found, the range and how to provide one."""
-    lower, upper = torch_bounds(spec)
-    if lower <= release(version) < upper:
-        return
-    wanted = ", ".join(TESTED_TORCH[:-1]) + " or " + TESTED_TORCH[-1]
-    raise Refused(
-        f"{python} has torch {version}, outside the range subclass_ca supports (torch{spec}, pyproject.toml): every "
-        f"CUDA test would fail, so none is run. Provide an interpreter with a CUDA build of torch {wanted}: "
-        "`make gpu-check` makes .venv-cuda from the public package index (needs network), or "
-        "`make gpu-check GPU_PYTHON=/path/to/venv/bin/python` uses one that has it."
-    )
-
-
-def preflight() -> None:
-    """Raise :class:`Refused` unless this interpreter can run the steps: a torch in range, CUDA, pytest."""
+def preflight() -> str:
+    """Raise :class:`Refused` unless this interpreter can run the steps: a supported torch, CUDA, pytest; return check_torch's note."""
     import torch
 
-    check_torch(torch.__version__)
+    note = check_torch(torch.__version__)
     if not torch.cuda.is_available():
         raise Refused(
             f"{sys.executable} has torch {torch.__version__} (CUDA {torch.version.cuda}) but torch.cuda.is_available() is "
@@ -126,7 +129,8 @@ def preflight() -> None:
             "the script itself without one."
         )
     if importlib.util.find_spec("pytest") is None:
-        raise Refused(f"{sys.executable} has no pytest: install the test extra there (pip install -e '.[test,demo,torchao]').")
+        raise Refused(f"{sys.executable} has no pytest: install the test extra there (pip install pytest pytest-timeout hypothesis).")
+    return note
 
 
 # --- the plan ------------------------------------------------------------------------
@@ -140,7 +144,8 @@ class Step:
     what: str
     """One line: what the step verifies."""
     argv: tuple[str, ...]
-    """After the interpreter: ``("-m", "subclass_ca", SUBCOMMAND, ...)``, ``("-m", "pytest", ...)`` or ``("-c", CODE)``."""
+    """After the interpreter: ``("-m", "tools", COMMAND, ...)``, ``("-m", "pytest", ...)``, ``("-m", "pip", "install", ...)``
+    or ``("-c", CODE)``."""
     expect_s: float
     """What it is expected to take on one H200-class GPU (an estimate until a GPU run measures it); it starts
     only with at least this much budget left."""
@@ -179,54 +184,87 @@ class Outcome:
             raise ValueError(f"Outcome {self.step}: status {self.status!r}, allowed values are {STATUSES}")
 
 
+def wheel_files(folder: Path | None) -> tuple[Path, ...]:
+    """The ``*.whl`` in ``folder`` (absolute, sorted); none when it is missing."""
+    if folder is None:
+        return ()
+    folder = folder if folder.is_absolute() else ROOT / folder
+    return tuple(sorted(path.resolve() for path in folder.glob("*.whl"))) if folder.is_dir() else ()
+
+
 def _pytest(marker: str, junit: Path) -> tuple[str, ...]:
-    return ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", "-m", marker, f"--junitxml={junit}", "tests")
+    workers = ("-n", str(PYTEST_WORKERS), "--dist", "worksteal") if importlib.util.find_spec("xdist") else ()
+    return ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", *workers, "-m", marker, f"--junitxml={junit}", "tests")
 
 
-def plan(out: Path) -> tuple[Step, ...]:
-    """The steps, in order, writing under ``out`` (absolute paths: the steps run from the checkout)."""
+def plan(out: Path, *, wheels: Path | None = None, site: Path | None = None) -> tuple[Step, ...]:
+    """The steps, in order, writing under ``out`` (absolute paths: the steps run from the checkout).
+
+    ``wheels``: a folder of wheels to install into ``site`` first (default ``build/gpu-check-site``); no step
+    for it when it holds none.
+    """
     out, work = out.resolve(), out.resolve() / WORK
-    sub = ("-m", "subclass_ca")
-    return (
-        Step(name="env", what="torch, CUDA, device, capability, memory, nvidia-smi -> env.json", expect_s=10, timeout_s=60,
-             argv=("-c", f"from subclass_ca._tools.gpu_check import write_environment; write_environment({json.dumps(str(out / 'env.json'))})"),
+    site = (site if site is not None else ROOT / DEFAULT_SITE).resolve()
+    carried = wheel_files(wheels)
+    torchao = importlib.util.find_spec("torchao") is not None or any(w.name.startswith("torchao-") for w in carried)
+    tools = ("-m", "tools")
+    steps: list[Step] = []
+    if carried:
+        steps.append(Step(
+            name="wheels", what=f"install the carried wheels offline ({', '.join(_wheel_name(w) for w in carried)}) for the "
+            "later steps", expect_s=10, timeout_s=60,
+            argv=("-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+                  "--disable-pip-version-check", "--upgrade", "--target", str(site), *map(str, carried)),
+            figures=lambda: _site_figures(site)))
+    steps += [
+        Step(name="env", what="torch, CUDA, device, capability, memory, nvidia-smi, subclass_ca, torchao -> env.json",
+             expect_s=10, timeout_s=40,
+             argv=("-c", f"from tools.gpu_check import write_environment; write_environment({json.dumps(str(out / 'env.json'))})"),
              figures=lambda: _env_figures(out / "env.json")),
         Step(name="pytest-cuda", what="the CUDA tests without inductor (capture, accumulation, hooks, train step, "
-             "registry, NF4, DTensor world 1, memory, demo)", expect_s=60, timeout_s=180,
+             "registry, NF4, DTensor world 1, memory, demo)", expect_s=50, timeout_s=120,
              argv=_pytest("cuda and not inductor", out / "junit-cuda.xml"),
              expect_tests=("tests/test_capture.py", "tests/test_accumulate.py", "tests/test_registry.py",
                            "tests/regressions/test_beyond_stock_hook_intermediate.py",
-                           "tests/regressions/test_compiled_train_step.py", "tests/handlers/test_torchao.py",
-                           "tests/handlers/test_dtensor.py"),
+                           "tests/regressions/test_compiled_train_step.py", "tests/handlers/test_dtensor.py",
+                           *(("tests/handlers/test_torchao.py",) if torchao else ())),
              figures=lambda: _junit_figures(out / "junit-cuda.xml")),
         Step(name="pytest-cuda-inductor", what="the CUDA tests on inductor (capture, hooks, handler modes)",
-             expect_s=90, timeout_s=200, argv=_pytest("cuda and inductor", out / "junit-cuda-inductor.xml"),
+             expect_s=70, timeout_s=150, argv=_pytest("cuda and inductor", out / "junit-cuda-inductor.xml"),
              expect_tests=("tests/test_capture.py", "tests/test_modes.py",
                            "tests/regressions/test_beyond_stock_hook_intermediate.py"),
              figures=lambda: _junit_figures(out / "junit-cuda-inductor.xml")),
         Step(name="demo", what="the demo's models in four modes on CUDA (inductor), subclass_ca vs eager",
-             expect_s=60, timeout_s=150, argv=(*sub, "demo", "--device", "cuda", "--quick", "--no-progress", "--out", str(work / "demo")),
+             expect_s=50, timeout_s=120,
+             argv=(*tools, "demo", "--device", "cuda", "--quick", "--no-progress", "--out", str(work / "demo")),
              figures=lambda: _demo_figures(work / "demo" / "results.json")),
-        Step(name="bench", what="transformer-block rows on CUDA: eager / compile / stock CA / subclass_ca, inductor",
-             expect_s=100, timeout_s=200,
-             argv=(*sub, "bench", "--device", "cuda", "--models", "block_int8_lora", "block_pair", "block_nf4",
-                   "--realistic-sizes", "medium", "--backends", "inductor", "--strict-backends", "--realistic-reps", "5",
-                   "--realistic-block", "3", "--realistic-cold-reps", "1", "--warmup", "2", "--recaptures", "0",
+        Step(name="bench", what="transformer-block rows on CUDA (TwoTensor; NF4-LoRA with torchao): eager / compile / "
+             "stock CA / subclass_ca, inductor", expect_s=80, timeout_s=160,
+             argv=(*tools, "bench", "--device", "cuda", "--models", "block_pair", "block_nf4",
+                   "--realistic-sizes", "medium", "--backends", "inductor", "--strict-backends", "--realistic-reps", "3",
+                   "--realistic-block", "3", "--realistic-cold-reps", "1", "--warmup", "1", "--recaptures", "0",
                    "--soak-steps", "0", "--no-plot", "--no-progress", "--out-dir", str(work / "bench")),
              figures=lambda: _bench_figures(work / "bench" / "results.json")),
         Step(name="fsdp2", what="FSDP2 on one GPU (NCCL, world 1), TwoTensor weights, each mode bitwise vs eager FSDP2",
-             expect_s=30, timeout_s=120,
-             argv=(*sub, "fsdp2", "--nproc", "1", "--device", "cuda", "--params", "two_tensor",
-                   "--fsdp2-modes", "eager,compile,subclass_ca", "--fsdp2-steps", "3", "--timeout", "110",
+             expect_s=25, timeout_s=90,
+             argv=(*tools, "fsdp2", "--nproc", "1", "--device", "cuda", "--params", "two_tensor",
+                   "--fsdp2-modes", "eager,compile,subclass_ca", "--fsdp2-steps", "3", "--timeout", "85",
                    "--json", str(work / "fsdp2.json")),
              figures=lambda: _fsdp2_figures(work / "fsdp2.json")),
         Step(name="fsdp2-profile", what="CUDA profile of one FSDP2 backward (2 TwoTensor blocks): reduce-scatter "
-             "placement and kernel overlap, eager vs subclass_ca", expect_s=30, timeout_s=120,
-             argv=(*sub, "fsdp2-profile", "--nproc", "1", "--device", "cuda", "--model", "block_two_tensor",
-                   "--steps", "3", "--timeout", "110", "--trace-dir", str(work / "traces"),
+             "placement and kernel overlap, eager vs subclass_ca", expect_s=25, timeout_s=90,
+             argv=(*tools, "fsdp2-profile", "--nproc", "1", "--device", "cuda", "--model", "block_two_tensor",
+                   "--steps", "3", "--timeout", "85", "--trace-dir", str(work / "traces"),
                    "--json", str(work / "fsdp2_profile.json")),
              figures=lambda: _profile_figures(work / "fsdp2_profile.json")),
-    )
+    ]
+    return tuple(steps)
+
+
+def _wheel_name(path: Path) -> str:
+    """``torchao-0.18.0-cp39-abi3-manylinux_2_28_x86_64.whl`` -> ``torchao 0.18.0``."""
+    name, version = path.name.split("-")[:2]
+    return f"{name} {version}"
 
 
 # --- key figures (read from what each step wrote) -----------------------------------------
@@ -234,8 +272,13 @@ def plan(out: Path) -> tuple[Step, ...]:
 
 def _env_figures(path: Path) -> dict[str, Any]:
     env = json.loads(path.read_text())
-    keys = ("device", "capability", "memory_gib", "torch", "torch_cuda")
+    keys = ("device", "capability", "memory_gib", "torch", "torch_cuda", "torchao")
     return {key: env[key] for key in keys if env.get(key) is not None}
+
+
+def _site_figures(site: Path) -> dict[str, Any]:
+    installed = sorted(path.name.removesuffix(".dist-info").replace("-", " ") for path in site.glob("*.dist-info"))
+    return {"installed": ", ".join(installed) or "nothing"}
 
 
 def _junit_figures(path: Path) -> dict[str, Any]:
@@ -291,7 +334,7 @@ def _profile_figures(path: Path) -> dict[str, Any]:
 def _demo_args(args: list[str]) -> None:
     from . import demo
 
-    demo._parser().parse_args(args)
+    demo.build_parser().parse_args(args)
 
 
 def _bench_args(args: list[str]) -> None:
@@ -303,44 +346,81 @@ def _bench_args(args: list[str]) -> None:
 def _fsdp2_args(args: list[str]) -> None:
     from . import fsdp2_parity
 
-    namespace = fsdp2_parity._parser().parse_args(args)
+    namespace = fsdp2_parity.build_parser().parse_args(args)
     fsdp2_parity.run_config(namespace, backend=namespace.backend)
 
 
 def _profile_args(args: list[str]) -> None:
     from . import fsdp2_profile
 
-    fsdp2_profile._run_from_args(fsdp2_profile._parser().parse_args(args))
+    fsdp2_profile.run_config(fsdp2_profile.build_parser().parse_args(args))
 
 
 VALIDATORS: dict[str, Callable[[list[str]], None]] = {
     "demo": _demo_args, "bench": _bench_args, "fsdp2": _fsdp2_args, "fsdp2-profile": _profile_args,
 }
-"""Subcommand -> parses (and validates, without running) its arguments with that subcommand's own parser."""
+"""Command of ``python -m tools`` -> parses (and validates, without running) its arguments with that command's own parser."""
 
 
 def _parses(step: Step) -> tuple[str, list[str]]:
     command, args = step.argv[2], list(step.argv[3:])
     if command not in VALIDATORS:
-        return "", [f"step {step.name}: no argument check for subcommand {command!r} (known: {sorted(VALIDATORS)})"]
+        return "", [f"step {step.name}: no argument check for command {command!r} (known: {sorted(VALIDATORS)})"]
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
             VALIDATORS[command](args)
     except SystemExit:
         lines = [line for line in captured.getvalue().splitlines() if line.strip()]
-        return "", [f"step {step.name}: `python -m subclass_ca {command}` rejects its arguments: "
+        return "", [f"step {step.name}: `python -m tools {command}` rejects its arguments: "
                     f"{lines[-1] if lines else 'argparse exited'}"]
     except ValueError as error:
-        return "", [f"step {step.name}: `python -m subclass_ca {command}` rejects its arguments: {error}"]
+        return "", [f"step {step.name}: `python -m tools {command}` rejects its arguments: {error}"]
     return f"arguments parse with `{command}`'s own parser", []
 
 
-def _collects(step: Step, python: str) -> tuple[str, list[str]]:
+def _site_of(steps: Sequence[Step]) -> Path | None:
+    """Where the ``wheels`` step installs (its ``--target``); None without one."""
+    for step in steps:
+        if step.name == "wheels" and "--target" in step.argv:
+            return Path(step.argv[step.argv.index("--target") + 1])
+    return None
+
+
+def step_env(site: Path | None = None) -> dict[str, str]:
+    """The environment of every step: the checkout (and the wheels' ``site``) first on ``PYTHONPATH``, unbuffered output."""
+    return checkout_env({**os.environ, "PYTHONUNBUFFERED": "1"}, extra_paths=[site] if site else [])
+
+
+def _installs(step: Step, python: str) -> tuple[str, list[str]]:
+    """The wheels step, run: each wheel must be a wheel (a zip with a ``.dist-info/WHEEL``) and install offline."""
+    wheels = [Path(a) for a in step.argv if a.endswith(".whl")]
+    problems = []
+    for wheel in wheels:
+        try:
+            with zipfile.ZipFile(wheel) as archive:
+                if not any(name.endswith(".dist-info/WHEEL") for name in archive.namelist()):
+                    problems.append(f"step {step.name}: {wheel.name} has no .dist-info/WHEEL: not a wheel")
+        except (OSError, zipfile.BadZipFile) as error:
+            problems.append(f"step {step.name}: {wheel.name} is not a readable wheel ({error})")
+    if problems:
+        return "", problems
+    try:
+        done = subprocess.run(step.command(python), cwd=ROOT, capture_output=True, text=True, timeout=step.timeout_s,
+                              env=step_env())
+    except subprocess.TimeoutExpired:
+        return "", [f"step {step.name}: pip took over {step.timeout_s:.0f} s"]
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
+        return "", [f"step {step.name}: pip install (offline) exited {done.returncode}: {tail}"]
+    return f"installed offline: {', '.join(_wheel_name(w) for w in wheels)}", []
+
+
+def _collects(step: Step, python: str, env: dict[str, str]) -> tuple[str, list[str]]:
     argv = [python, *(a for a in step.argv if not a.startswith("--junitxml")), "--collect-only"]
     missing = [f"step {step.name}: expected test file {path} is missing" for path in step.expect_tests if not (ROOT / path).is_file()]
     try:
-        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     except subprocess.TimeoutExpired:
         return "", [*missing, f"step {step.name}: pytest --collect-only took over 120 s"]
     collected = [line.split("::")[0] for line in done.stdout.splitlines() if "::" in line]
@@ -353,12 +433,17 @@ def _collects(step: Step, python: str) -> tuple[str, list[str]]:
     return f"{len(collected)} tests collected from {len(set(collected))} files", problems
 
 
-def check_step(step: Step, python: str = sys.executable) -> tuple[str, list[str]]:
-    """What --dry-run checked of ``step`` (one line) and the problems found (empty: none)."""
-    if step.argv[:2] == ("-m", "subclass_ca") and len(step.argv) > 2:
+def check_step(step: Step, python: str = sys.executable, *, env: dict[str, str] | None = None) -> tuple[str, list[str]]:
+    """What --dry-run checked of ``step`` (one line) and the problems found (empty: none).
+
+    The wheels step is run (offline, seconds), so that the pytest steps are collected with what it installs.
+    """
+    if step.argv[:2] == ("-m", "tools") and len(step.argv) > 2:
         return _parses(step)
     if step.argv[:2] == ("-m", "pytest"):
-        return _collects(step, python)
+        return _collects(step, python, step_env() if env is None else env)
+    if step.argv[:3] == ("-m", "pip", "install"):
+        return _installs(step, python)
     if step.argv[0] == "-c":
         try:
             compile(step.argv[1], step.name, "exec")
@@ -369,34 +454,40 @@ def check_step(step: Step, python: str = sys.executable) -> tuple[str, list[str]
 
 
 def _torch_logic_problems() -> tuple[str, list[str]]:
-    """The range check against known answers: what a real run's up-front refusal relies on."""
-    admitted, refused = ("2.13.0", "2.14.1+cu126", "2.15.0+cu128"), ("2.11.0+cu130", "2.12.1", "2.16.0", "3.0.0")
+    """The torch check against known answers: what a real run's up-front refusal relies on."""
+    admitted = ("2.11.0+cu130", "2.12.1", "2.13.0", "2.15.0+cu128", "2.16.0.dev20260101+cu130")
+    refused = ("2.10.0+cu128", "2.9.1", "1.13.1", "not-a-version")
+    supported = torch_version.SUPPORTED_TORCH
     problems = []
     for version in admitted:
         try:
             check_torch(version)
         except Refused:
-            problems.append(f"torch range: {version} refused, but {SUPPORTED_TORCH} admits it")
+            problems.append(f"torch check: {version} refused, but subclass_ca supports torch{supported}")
     for version in refused:
         try:
             check_torch(version)
         except Refused as error:
-            if version not in str(error) or SUPPORTED_TORCH not in str(error) or "GPU_PYTHON" not in str(error):
-                problems.append(f"torch range: the refusal of {version} does not name the torch, the range and GPU_PYTHON")
+            if version not in str(error) or supported not in str(error) or "GPU_PYTHON" not in str(error):
+                problems.append(f"torch check: the refusal of {version} does not name the torch, the range and GPU_PYTHON")
         else:
-            problems.append(f"torch range: {version} admitted, but {SUPPORTED_TORCH} excludes it")
-    return f"torch{SUPPORTED_TORCH} admits {', '.join(admitted)}; refuses {', '.join(refused)}", problems
+            problems.append(f"torch check: {version} admitted, but subclass_ca supports torch{supported}")
+    return f"torch{supported} admits {', '.join(admitted)}; refuses {', '.join(refused)}", problems
 
 
 def dry_run(steps: Sequence[Step], *, budget_s: float = DEFAULT_BUDGET_S, python: str = sys.executable,
             echo: Callable[[str], None] = print) -> list[str]:
-    """Check the plan without CUDA: every step, the budget and the torch-range logic; print a line each; return the problems."""
+    """Check the plan without CUDA: every step, the budget and the torch check; print a line each; return the problems."""
     problems: list[str] = []
-    checks = [(step.name, *check_step(step, python)) for step in steps]
-    checks.append(("torch range", *_torch_logic_problems()))
-    expected = sum(step.expect_s for step in steps)
-    over = [f"budget: the steps are expected to need {expected:.0f} s, more than --budget-s {budget_s:.0f}"]
-    checks.append(("budget", f"the steps are expected to need {expected:.0f} s of {budget_s:.0f} s", over if expected > budget_s else []))
+    env = step_env(_site_of(steps))
+    checks = [(step.name, *check_step(step, python, env=env)) for step in steps]
+    checks.append(("torch check", *_torch_logic_problems()))
+    expected, usable = sum(step.expect_s for step in steps), budget_s - RESERVE_S
+    over = [f"budget: the steps are expected to need {expected:.0f} s, more than the {usable:.0f} s that --budget-s "
+            f"{budget_s:.0f} leaves them ({RESERVE_S:.0f} s are kept for stopping a step and the reports)"]
+    checks.append(("budget", f"the steps are expected to need {expected:.0f} s of {usable:.0f} s", over if expected > usable else []))
+    if not any(step.name == "wheels" for step in steps):
+        checks.append(("wheels", "none carried: the tests that need torchao skip (make gpu-wheels, docs/gpu.md)", []))
     for name, checked, found in checks:
         echo(f"  {'ok  ' if not found else 'FAIL'} {name}: {checked or 'not checked'}")
         for problem in found:
@@ -405,10 +496,9 @@ def dry_run(steps: Sequence[Step], *, budget_s: float = DEFAULT_BUDGET_S, python
     import torch
 
     try:
-        check_torch(torch.__version__)
-        verdict = "in range"
+        verdict = check_torch(torch.__version__) or "supported"
     except Refused:
-        verdict = "OUT of range: a real run would stop here"
+        verdict = "NOT supported: a real run would stop here"
     cuda = "CUDA available" if torch.cuda.is_available() else "no CUDA: a real run would stop before the tests"
     echo(f"  this interpreter: {sys.executable}, torch {torch.__version__} ({verdict}), {cuda}")
     return problems
@@ -419,7 +509,7 @@ def dry_run(steps: Sequence[Step], *, budget_s: float = DEFAULT_BUDGET_S, python
 
 def _stop(process: subprocess.Popen) -> None:
     """End the step's whole process group (launched ranks, compile workers), politely first."""
-    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -427,7 +517,7 @@ def _stop(process: subprocess.Popen) -> None:
             return
 
 
-def _run_one(step: Step, *, python: str, timeout_s: float, log: Path, clock: Callable[[], float]) -> Outcome:
+def _run_one(step: Step, *, python: str, timeout_s: float, log: Path, clock: Callable[[], float], env: dict[str, str]) -> Outcome:
     command = step.command(python)
     with log.open("a") as handle:
         handle.write(f"\n===== {step.name}: {shlex.join(command)}  (timeout {timeout_s:.0f} s)\n")
@@ -435,7 +525,7 @@ def _run_one(step: Step, *, python: str, timeout_s: float, log: Path, clock: Cal
         start = clock()
         try:
             process = subprocess.Popen(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
-                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                       env=env)
         except OSError as error:
             return Outcome(step=step.name, command=shlex.join(command), status="failed", reason=f"could not start: {error}")
         try:
@@ -458,19 +548,23 @@ def _run_one(step: Step, *, python: str, timeout_s: float, log: Path, clock: Cal
 
 
 def run_steps(steps: Sequence[Step], *, python: str, log: Path, budget_s: float, spent_s: float = 0.0,
-              clock: Callable[[], float] = time.monotonic, echo: Callable[[str], None] = print) -> list[Outcome]:
-    """Run ``steps`` in order under one budget (``spent_s`` of it already gone); a step that would start with
-    less than its ``expect_s`` left is skipped for budget, and runs at most until the budget ends."""
-    deadline = clock() + budget_s - spent_s
+              reserve_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
+              echo: Callable[[str], None] = print) -> list[Outcome]:
+    """Run ``steps`` in order under one budget (``spent_s`` of it already gone, its last ``reserve_s`` kept for
+    the caller); a step that would start with less than its ``expect_s`` left is skipped for budget, and runs at
+    most until the steps' share of the budget ends.  Every step gets :func:`step_env` (with the wheels' site)."""
+    deadline = clock() + budget_s - spent_s - reserve_s
+    env = step_env(_site_of(steps))
     outcomes = []
     for index, step in enumerate(steps, 1):
         left = deadline - clock()
         if left < step.expect_s:
-            reason = f"budget: {max(left, 0):.0f} s of {budget_s:.0f} s left, it is expected to need {step.expect_s:.0f} s"
+            kept = f" (and {reserve_s:.0f} s kept for the reports)" if reserve_s else ""
+            reason = f"budget: {max(left, 0):.0f} s of {budget_s:.0f} s left{kept}, it is expected to need {step.expect_s:.0f} s"
             outcomes.append(Outcome(step=step.name, command=shlex.join(step.command(python)), status="skipped", reason=reason))
         else:
             echo(f"gpu-check [{index}/{len(steps)}] {step.name}: {step.what}")
-            outcomes.append(_run_one(step, python=python, timeout_s=min(step.timeout_s, left), log=log, clock=clock))
+            outcomes.append(_run_one(step, python=python, timeout_s=min(step.timeout_s, left), log=log, clock=clock, env=env))
         echo(f"gpu-check [{index}/{len(steps)}] {_screen_line(dataclasses.asdict(outcomes[-1]))}")
     return outcomes
 
@@ -501,6 +595,9 @@ def summary_markdown(record: dict[str, Any]) -> str:
         f"`{record['command']}` on {where}, torch {env.get('torch', record['torch'])} (CUDA {env.get('torch_cuda') or 'none'}), "
         f"Python {env.get('python', '?')}, {record['date']}: **{record['status']}**"
         + (f" ({record['reason']})" if record["reason"] else "") + f"; {record['wall_s']:.0f} s of a {record['budget_s']:.0f} s budget.",
+        *([f"torchao: {env['torchao']}." if env.get("torchao") else "torchao: not installed (its tests skipped).",
+           ] if env else []),
+        *([record["note"] + "."] if record.get("note") else []),
         "",
         "| step | verdict | wall s | figures |",
         "|---|---|---:|---|",
@@ -520,9 +617,13 @@ def _pack(work: Path, archive: Path) -> None:
 
 
 def run_check(steps: Sequence[Step], *, out: Path, python: str = sys.executable, budget_s: float = DEFAULT_BUDGET_S,
-              spent_s: float = 0.0, refused: str = "", command: str = COMMAND,
+              spent_s: float = 0.0, refused: str = "", note: str = "", command: str = COMMAND,
               echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the steps (only ``env`` when ``refused`` says why not), write the reports into ``out``; return the record."""
+    """Run the steps (only ``env`` when ``refused`` says why not), write the reports into ``out``; return the record.
+
+    The steps get the budget less :data:`RESERVE_S`, kept for stopping the last one and writing the reports;
+    ``note`` (e.g. an untested torch) goes into the record and the summary.
+    """
     import torch
 
     start = time.monotonic()
@@ -533,7 +634,8 @@ def run_check(steps: Sequence[Step], *, out: Path, python: str = sys.executable,
     log = out / "gpu_check.log"
     log.write_text(f"{command}: refused: {refused}\n" if refused else "")
     runnable = [step for step in steps if not refused or step.name == "env"]
-    outcomes = {o.step: o for o in run_steps(runnable, python=python, log=log, budget_s=budget_s, spent_s=spent_s, echo=echo)}
+    outcomes = {o.step: o for o in run_steps(runnable, python=python, log=log, budget_s=budget_s, spent_s=spent_s,
+                                             reserve_s=min(RESERVE_S, budget_s / 4), echo=echo)}
     for step in steps:
         outcomes.setdefault(step.name, Outcome(step=step.name, command=shlex.join(step.command(python)), status="skipped",
                                                reason="not run: the interpreter was refused (see the summary)"))
@@ -546,7 +648,8 @@ def run_check(steps: Sequence[Step], *, out: Path, python: str = sys.executable,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "python": python,
         "torch": torch.__version__,
-        "supported_torch": SUPPORTED_TORCH,
+        "supported_torch": torch_version.SUPPORTED_TORCH,
+        "note": note,
         "status": "refused" if refused else "failed" if failed else "passed",
         "reason": refused or (f"failed: {', '.join(failed)}" if failed else ""),
         "budget_s": budget_s,
@@ -572,6 +675,7 @@ def environment() -> dict[str, Any]:
     env: dict[str, Any] = {
         "python": platform.python_version(), "executable": sys.executable, "platform": platform.platform(),
         "torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+        "subclass_ca": _origin("subclass_ca"), "torchao": _torchao_version(),
     }
     if env["cuda_available"]:
         props = torch.cuda.get_device_properties(0)
@@ -587,6 +691,20 @@ def environment() -> dict[str, Any]:
     return env
 
 
+def _origin(module: str) -> str | None:
+    """Where ``module`` is imported from (the checkout's subclass_ca, not an installed copy, is what the steps test)."""
+    spec = importlib.util.find_spec(module)
+    return None if spec is None or not spec.origin else str(Path(spec.origin).parent)
+
+
+def _torchao_version() -> str | None:
+    try:
+        import torchao
+    except Exception:  # noqa: BLE001 - absent or broken: the torchao tests skip, the summary says which
+        return None
+    return str(getattr(torchao, "__version__", "?"))
+
+
 def write_environment(path: str) -> None:
     """The ``env`` step: :func:`environment` into ``path`` and, without ``nvidia-smi``'s table, to stdout."""
     env = environment()
@@ -598,16 +716,22 @@ def write_environment(path: str) -> None:
 # --- CLI ------------------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m tools gpu-check``."""
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"folder of the results (default {DEFAULT_OUT}/; may be the device's $OUT)")
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
-                        help=f"seconds for every step together (default {DEFAULT_BUDGET_S:.0f})")
+                        help=f"seconds for the whole check, steps and reports (default {DEFAULT_BUDGET_S:.0f})")
     parser.add_argument("--started-at", type=float, metavar="UNIX_TIME",
-                        help="count the budget from this time (make gpu-check passes its start: creating .venv-cuda counts)")
+                        help="count the budget from this time (make gpu-check and tools/device_gpu_check.sh pass their start)")
     parser.add_argument("--steps", help="comma-separated subset of the steps, in plan order (default: all)")
-    parser.add_argument("--dry-run", action="store_true", help="no CUDA needed: check the plan, the arguments, the tests and the "
-                        "torch-range logic, print the plan, run nothing")
+    parser.add_argument("--wheels", default=DEFAULT_WHEELS, metavar="DIR",
+                        help=f"install the *.whl here offline before the steps (default {DEFAULT_WHEELS}/, from make gpu-wheels; "
+                        "none there: no wheels step)")
+    parser.add_argument("--site", default=DEFAULT_SITE, metavar="DIR",
+                        help=f"where the wheels are installed, first on every step's PYTHONPATH (default {DEFAULT_SITE}/)")
+    parser.add_argument("--dry-run", action="store_true", help="no CUDA needed: install the wheels, check the plan, the "
+                        "arguments, the tests and the torch check, print the plan, run no step")
     return parser
 
 
@@ -620,16 +744,17 @@ def _print_plan(steps: Sequence[Step], *, budget_s: float, out: Path, echo: Call
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     out = Path(args.out)
-    steps = plan(out)
+    site = Path(args.site) if Path(args.site).is_absolute() else ROOT / args.site
+    steps = plan(out, wheels=Path(args.wheels), site=site)
     if args.steps:
         names = [name.strip() for name in args.steps.split(",") if name.strip()]
         unknown = [name for name in names if name not in {step.name for step in steps}]
         if unknown or not names:
             print(f"{COMMAND}: --steps: unknown {unknown or 'nothing'}; the steps are {[s.name for s in steps]}", file=sys.stderr)
             return 2
-        steps = tuple(step for step in steps if step.name in names)
+        steps = tuple(step for step in steps if step.name in names or step.name == "wheels")  # the carried wheels always
     if args.budget_s <= 0:
         print(f"{COMMAND}: --budget-s must be positive, got {args.budget_s:g}", file=sys.stderr)
         return 2
@@ -639,14 +764,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems = dry_run(steps, budget_s=args.budget_s)
         print(f"dry run {'passed' if not problems else f'FAILED: {len(problems)} problem(s)'}")
         return 1 if problems else 0
+    refused = note = ""
     try:
-        preflight()
-        refused = ""
+        note = preflight()
     except Refused as error:
         refused = str(error)
         print(f"{COMMAND}: refused: {refused}", file=sys.stderr)
     spent = max(0.0, time.time() - args.started_at) if args.started_at else 0.0
-    record = run_check(steps, out=out, budget_s=args.budget_s, spent_s=spent, refused=refused,
+    record = run_check(steps, out=out, budget_s=args.budget_s, spent_s=spent, refused=refused, note=note,
                        command=shlex.join([*COMMAND.split(), *(sys.argv[1:] if argv is None else argv)]))
     counts = {status: sum(o["status"] == status for o in record["steps"]) for status in STATUSES}
     env = record["env"] or {}

@@ -1,6 +1,6 @@
 """FSDP2 (``fully_shard``) step time: eager FSDP2, compile-only and subclass_ca, interleaved, gradients checked.
 
-``python -m subclass_ca bench --fsdp2 --nproc 2`` (or :func:`bench`) launches ``world_size``
+``python -m tools bench --fsdp2 --nproc 2`` (or :func:`bench`) launches ``world_size``
 ranks (gloo on 127.0.0.1; NCCL with ``device="cuda"``) that each time, per row:
 
 * ``micro``: the parity MLP (``fsdp2_parity.FSDP2Run``'s default, plain weights), ``micro_runs``
@@ -39,12 +39,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _compat
+from subclass_ca import _compat
+
 from . import fsdp2_parity as parity
 from .bench_stats import quartiles
+from .report import as_json as to_json
+from .report import command_of, targets_table, verdict_lines
 
 __all__ = ["FSDP2Bench", "MODES", "MODELS", "TARGETS", "TOLERANCE", "bench", "markdown_section", "format_summary",
-           "local_shards", "compare_shards", "unavailable"]
+           "to_json", "local_shards", "compare_shards", "unavailable"]
 
 MODES: tuple[str, ...] = ("eager", "compile", "subclass_ca", "graph_breaks")
 #: the backward context of each CA mode: ``enable(backend=..., **kwargs)``
@@ -121,19 +124,19 @@ def local_shards(tensors: dict[str, torch.Tensor | None]) -> dict[str, torch.Ten
     for name, t in tensors.items():
         if t is not None:
             local = t.to_local() if hasattr(t, "to_local") else t
-            out[name] = parity._plain(local.detach()).float().cpu()
+            out[name] = parity.plain_tensor(local.detach()).float().cpu()
     return out
 
 
 def _build_mode(name: str, run: parity.FSDP2Run, rank: int) -> _Mode:
     model = parity.build_model(run)
-    parity._shard(model, run)
+    parity.shard(model, run)
     forward: Callable[..., torch.Tensor] = model if name == "eager" else torch.compile(model, backend=run.backend)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(trainable, lr=run.lr)
     context: Callable[[], Any] = contextlib.nullcontext
     if name in CA_MODES:
-        from ..api import enable
+        from subclass_ca.api import enable
 
         ours = enable(backend=run.backend, **CA_MODES[name])
         context = lambda: ours  # noqa: E731 - one enable() object per mode, entered every step
@@ -182,8 +185,8 @@ def compare_shards(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], 
 
 
 def _row(rank: int, settings: FSDP2Bench, model_name: str, backend: str) -> dict[str, Any]:
-    from ..api import reset
-    from ..diagnostics import last_report
+    from subclass_ca.api import reset
+    from subclass_ca.diagnostics import last_report
 
     run = dataclasses.replace(MODELS[model_name], backend=backend, device=settings.device)
     reset()
@@ -301,7 +304,7 @@ def bench(
     world_size: int = 2, *, settings: FSDP2Bench | None = None, timeout_s: float = 900.0
 ) -> dict[str, Any]:
     """Launch ``world_size`` ranks, time every row, check it, and summarise (JSON-able)."""
-    from .launcher import run_workers
+    from subclass_ca.distributed import run_workers
 
     settings = settings or FSDP2Bench()
     start = time.perf_counter()
@@ -317,7 +320,7 @@ def bench(
         "verdicts": verdicts(rows),
         "ok": ok,
         "wall_s": time.perf_counter() - start,
-        "command": f"python -m subclass_ca bench --fsdp2 --nproc {world_size}{device_flag}",
+        "command": f"python -m tools bench --fsdp2 --nproc {world_size}{device_flag}",
     }
 
 
@@ -341,10 +344,8 @@ def _table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def markdown_section(result: dict[str, Any]) -> str:
+def markdown_section(result: dict[str, Any], *, command: str | None = None) -> str:
     """RESULTS.md section for :func:`bench`'s result: the targets, then the rows."""
-    from .bench_stats import targets_table
-
     s = result["settings"]
     lines = [
         "",
@@ -368,8 +369,8 @@ def markdown_section(result: dict[str, Any]) -> str:
         "",
         *_table(result),
         "",
-        f"Command: `{result['command']}` ({result['wall_s']:.0f} s). On a GPU machine: "
-        "`python -m subclass_ca bench --fsdp2 --nproc 2 --device cuda` (NCCL, one GPU per rank). Stock compiled autograd "
+        f"Command: `{command_of(result, command, 'python -m tools bench --fsdp2')}` ({result['wall_s']:.0f} s). On a GPU machine: "
+        "`python -m tools bench --fsdp2 --nproc 2 --device cuda` (NCCL, one GPU per rank). Stock compiled autograd "
         "is not timed: it leaves FSDP2's first layer unsharded with an un-reduced gradient (see docs/distributed.md).",
         "",
     ]
@@ -378,6 +379,5 @@ def markdown_section(result: dict[str, Any]) -> str:
 
 def format_summary(result: dict[str, Any]) -> str:
     """The result as plain text (targets and the markdown table without the prose)."""
-    targets = [f"{ {True: 'met   ', False: 'MISSED', None: 'n/a   '}[v['met']]} {TARGETS[k]}: {v['detail']}"
-               for k, v in result["verdicts"].items()]
+    targets = verdict_lines(TARGETS, result["verdicts"])
     return "\n".join(_table(result) + targets + [f"wall {result['wall_s']:.0f} s, ok={result['ok']}"])

@@ -1,4 +1,4 @@
-"""``python -m subclass_ca bench``: eager / torch.compile / stock CA / subclass_ca, interleaved.
+"""``python -m tools bench``: eager / torch.compile / stock CA / subclass_ca, interleaved.
 
 One process measures every (model, size, mode, backend) configuration:
 
@@ -14,7 +14,7 @@ One process measures every (model, size, mode, backend) configuration:
   CA captures + Dynamo graph compiles after warm-up (recompiles; target 0);
 * **growth per forced recapture** (CA cache cleared before each of ``recaptures`` steps):
   ``subclass_ca.named_callables()``, Dynamo's allow_in_graph id set and process RSS;
-* **backward memory**: the CA-graph liveness proxy of :mod:`subclass_ca._bench_memory`
+* **backward memory**: the CA-graph liveness proxy of :mod:`tools.bench_memory`
   (CPU), ``torch.cuda.max_memory_allocated`` around the backward (CUDA);
 * **peak memory of one step** per configuration, after the timed steps: on CUDA
   ``torch.cuda.max_memory_allocated`` minus the bytes allocated before the step; on CPU the
@@ -49,16 +49,20 @@ from typing import Any
 
 import torch
 
-from .. import _compat, _runtime
+from subclass_ca import _compat, _runtime
+from subclass_ca import api as _api
+from subclass_ca.diagnostics import named_callables
+
 from . import bench_memory as _bench_memory
 from . import bench_models as _bench_models
 from . import bench_runtime as _bench_runtime
-from .bench_stats import rss_bytes, targets_table
+from . import report
+from .bench_stats import rss_bytes
 from .bench_stats import stats as _stats
-from .. import api as _api
-from ..diagnostics import named_callables
+from .progress import Progress
+from .report import targets_table
 
-__all__ = ["main", "BenchSettings", "MODES", "TARGETS"]
+__all__ = ["main", "build_parser", "settings_from_args", "BenchSettings", "MODES", "TARGETS", "SECTIONS"]
 
 #: mode -> what it runs
 MODES: dict[str, str] = {
@@ -276,25 +280,6 @@ def _ca_captures() -> int:
 
 def _graph_compiles() -> int:
     return _compat.unique_graph_count()
-
-
-def _progress(total: int, enabled: bool, desc: str) -> Any:
-    if enabled:
-        try:
-            from tqdm.auto import tqdm
-
-            return tqdm(total=total, desc=desc, leave=False, file=sys.stderr)
-        except ImportError:
-            pass
-    return _NoProgress()
-
-
-class _NoProgress:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 @contextlib.contextmanager
@@ -732,7 +717,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     out += ["", "## Backward memory (CA-graph liveness proxy, aot_eager)", "",
             "Live bytes of tensors produced inside the CA graph (graph inputs excluded), from one eager node-by-node run",
             "of the captured graph accumulating into existing `.grad`s (see Note [Why the epilogue holds memory] in",
-            "`subclass_ca/_bench_memory.py`). Stock feeds every flat backward output to every `make_subclass` node.", "",
+            "`tools/bench_memory.py`). Stock feeds every flat backward output to every `make_subclass` node.", "",
             "| model | size | make_subclass nodes | args (stock / ours) | peak KiB (stock / ours) | epilogue mean KiB (stock / ours) |",
             "|---|---|---:|---:|---:|---:|"]
     for r in results["memory"]:
@@ -818,7 +803,7 @@ def run(settings: BenchSettings) -> dict[str, Any]:
         growth_units = len(_micro(settings.models)) * 2 * settings.recaptures
         prime_units = sum(len(settings.sizes_of(m)) for m in settings.models) * len(settings.backends)
         total = prime_units + len(configs) * (1 + settings.warmup) + sum(c.reps for c in configs) + growth_units
-        bar = _progress(total, settings.progress, "bench")
+        bar = Progress(total, enabled=settings.progress, leave=False, line=None)
         phases: dict[str, float] = {}
 
         @contextlib.contextmanager
@@ -872,8 +857,9 @@ def run(settings: BenchSettings) -> dict[str, Any]:
     return results
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m subclass_ca bench", description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m tools bench``."""
+    p = argparse.ArgumentParser(prog="python -m tools bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small preset (< 2 min): small size, aot_eager, few steps")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--models", nargs="+", choices=list(_bench_models.MODELS))
@@ -915,7 +901,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(argv: Sequence[str]) -> BenchSettings:
-    args = _parser().parse_args(list(argv))
+    args = build_parser().parse_args(list(argv))
     values: dict[str, Any] = dict(QUICK) if args.quick else {}
     for name in ("models", "sizes", "realistic_sizes", "backends", "strict_backends"):
         if getattr(args, name) is not None:
@@ -926,18 +912,33 @@ def settings_from_args(argv: Sequence[str]) -> BenchSettings:
                  "realistic_cold_reps", "soak_steps"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
-    command = "python -m subclass_ca bench " + shlex.join(argv)
+    command = "python -m tools bench " + shlex.join(argv)
     return BenchSettings(
         device=args.device, out_dir=args.out_dir, plot=not args.no_plot, progress=not args.no_progress,
         command=command.strip(), **values,
     )
 
 
+SECTIONS: dict[str, str] = {
+    "fsdp2": "tools.bench_fsdp2",
+    "tp": "tools.bench_tp",
+    "warm_start": "tools.bench_warm_start",
+}
+"""results.json key -> the tool module (a :class:`tools.report.Section`) that measured and renders it, in report order."""
+
+
+def section(key: str) -> report.Section:
+    """The module of an optional section (imported on demand: FSDP2 and TP pull in torch.distributed)."""
+    import importlib
+
+    return importlib.import_module(SECTIONS[key])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and write RESULTS.md, results.json and bench.png; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     settings = settings_from_args(argv)
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.note:
         os.environ["SUBCLASS_CA_BENCH_NOTE"] = args.note
     if args.render:
@@ -945,22 +946,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = json.load(f)
     else:
         results = run(settings)
-    if args.fsdp2:  # subclass_ca/_tools/bench_fsdp2.py: micro MLP and transformer blocks vs eager FSDP2, checked
-        from . import bench_fsdp2
-
+    if args.fsdp2:  # tools/bench_fsdp2.py: micro MLP and transformer blocks vs eager FSDP2, checked
+        bench_fsdp2 = section("fsdp2")
         fsdp2_settings = bench_fsdp2.FSDP2Bench(backends=settings.backends, device=settings.device)
         results["fsdp2"] = bench_fsdp2.bench(world_size=args.nproc, settings=fsdp2_settings)
-        print(bench_fsdp2.format_summary(results["fsdp2"]))
-    if args.tp:  # _tools/bench_tp.py: TP transformer block, every mode's gradients vs eager
-        from . import bench_tp
-
-        results["tp"] = bench_tp.bench(world_size=args.nproc, backends=settings.backends)
-    if args.warm_start:  # _tools/bench_warm_start.py: fresh processes, cold and warm caches
-        from . import bench_warm_start
-
-        results["warm_start"] = bench_warm_start.bench(bench_warm_start.WarmStartBench(warm_reps=args.warm_reps))
+    if args.tp:  # tools/bench_tp.py: TP transformer block, every mode's gradients vs eager
+        results["tp"] = section("tp").bench(world_size=args.nproc, backends=settings.backends)
+    if args.warm_start:  # tools/bench_warm_start.py: fresh processes, cold and warm caches
+        warm_start = section("warm_start")
+        results["warm_start"] = warm_start.bench(warm_start.WarmStartBench(warm_reps=args.warm_reps))
         results["warm_start"]["command"] = settings.command
-        print(bench_warm_start.format_summary(results["warm_start"]))
+    for key in SECTIONS:
+        if getattr(args, key):
+            print(section(key).format_summary(results[key]))
     if args.append:
         with open(args.append) as f:
             results["notes"] = f.read()
@@ -968,35 +966,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     chart = os.path.join(settings.out_dir, "bench.png")
     if settings.plot and _plot(results, chart):
         results["chart"] = "bench.png"
-    with open(os.path.join(settings.out_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1, default=str)
+    # an older results.json holds the FSDP2 parity-run summary under "fsdp2" (no "rows"): not rendered
+    present = [key for key in SECTIONS if results.get(key) and (key != "fsdp2" or results[key].get("rows"))]
     with open(os.path.join(settings.out_dir, "RESULTS.md"), "w") as f:
         f.write(render_markdown(results))
-        if results.get("fsdp2", {}).get("rows"):  # an older results.json holds the parity-run summary: not rendered
-            from . import bench_fsdp2
-
-            f.write(bench_fsdp2.markdown_section(results["fsdp2"]))
-        if results.get("tp"):
-            from . import bench_tp
-
-            f.write(bench_tp.markdown_section(results["tp"]))
-        if results.get("warm_start"):
-            from . import bench_warm_start
-
-            f.write(bench_warm_start.markdown_section(results["warm_start"], results["warm_start"].get("command", settings.command)))
-    verdicts = [(text, results["verdicts"][key]) for key, text in TARGETS.items()]
+        for key in present:
+            f.write(section(key).markdown_section(results[key], command=results[key].get("command") or settings.command))
+    with open(os.path.join(settings.out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    lines = report.verdict_lines(TARGETS, results["verdicts"])
     if results.get("runtime"):
-        verdicts += [(text, results["runtime"]["verdicts"][key]) for key, text in _bench_runtime.TARGETS.items()]
-    if results.get("fsdp2", {}).get("verdicts"):
-        from . import bench_fsdp2
-
-        verdicts += [(text, results["fsdp2"]["verdicts"][key]) for key, text in bench_fsdp2.TARGETS.items()]
-    if results.get("warm_start", {}).get("verdicts"):
-        from . import bench_warm_start
-
-        bench_warm_start.format_summary(results["warm_start"])  # verdicts from the samples, as rendered
-        verdicts += [(text, results["warm_start"]["verdicts"][key]) for key, text in bench_warm_start.TARGETS.items()]
-    for text, v in verdicts:
-        print(f"{ {True: 'met   ', False: 'MISSED', None: 'n/a   '}[v['met']]} {text}: {v['detail']}")
+        lines += report.verdict_lines(_bench_runtime.TARGETS, results["runtime"]["verdicts"])
+    for key in present:
+        lines += report.verdict_lines(section(key).TARGETS, results[key].get("verdicts", {}))
+    print("\n".join(lines))
     print(f"wrote {os.path.join(settings.out_dir, 'RESULTS.md')} ({results['wall_s']:.0f} s)")
     return 0

@@ -5,7 +5,7 @@ Note [The cost of a split FSDP2 backward]
 Under ``enable()`` an FSDP2 backward runs as compiled autograd's capture (the C++ engine walks
 the graph, looks up the cached CA graph) and then the CA graph split at FSDP2's hooks: compiled
 pieces, FSDP2's hooks eagerly between them (Note [Splitting the CA graph at FSDP2's hooks] in
-``_split.py``).  Against eager FSDP2 that adds two fixed costs, which this tool separates by
+``subclass_ca/_split.py``).  Against eager FSDP2 that adds two fixed costs, which this tool separates by
 timing, per row, the *backward alone* (``loss.backward()``, forward excluded) in four modes in
 the same interleaved rounds:
 
@@ -33,23 +33,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from .. import _compat, _split
-from . import bench_fsdp2, fsdp2_parity as parity
-from .bench_stats import quartiles
+from subclass_ca import _compat, _split
 
-__all__ = ["MODES", "FSDP2Cost", "measure", "format_summary", "markdown_section", "main"]
+from . import bench_fsdp2, report
+from . import fsdp2_parity as parity
+from .bench_stats import quartiles
+from .report import as_json as to_json
+
+__all__ = ["MODES", "TARGETS", "FSDP2Cost", "measure", "format_summary", "markdown_section", "to_json", "build_parser", "main"]
 
 MODES: tuple[str, ...] = ("eager", "compile", "subclass_ca", "ca_uncompiled")
-COMMAND = "python -m subclass_ca fsdp2-cost"
+COMMAND = "python -m tools fsdp2-cost"
+TARGETS: dict[str, str] = {}
+"""None: the costs are measured and the gradients checked (``ok``), not judged against a target."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,11 +106,11 @@ def _collect_split_graphs(sink: list[_split.SplitGraph]) -> Iterator[None]:
 def _backward_step(name: str, run: parity.FSDP2Run, rank: int) -> tuple[torch.nn.Module, Callable[[], float]]:
     """A model for mode ``name`` and its step: zero grads, forward, loss, timed backward (seconds)."""
     model = parity.build_model(run)
-    parity._shard(model, run)
+    parity.shard(model, run)
     forward: Callable[..., torch.Tensor] = model if name == "eager" else torch.compile(model, backend=run.backend)
     context: Callable[[], Any] = contextlib.nullcontext
     if name == "subclass_ca":
-        from ..api import enable
+        from subclass_ca.api import enable
 
         ours = enable(backend=run.backend)
         context = lambda: ours  # noqa: E731 - one enable() object, entered every step
@@ -133,7 +136,7 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _row(rank: int, settings: FSDP2Cost, model_name: str, backend: str) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from ..api import reset
+    from subclass_ca.api import reset
 
     run = dataclasses.replace(bench_fsdp2.MODELS[model_name], backend=backend, device=settings.device)
     reset()
@@ -236,7 +239,7 @@ def _summarize_row(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def measure(world_size: int = 1, *, settings: FSDP2Cost | None = None, timeout_s: float = 900.0) -> dict[str, Any]:
     """Launch ``world_size`` ranks (gloo on 127.0.0.1, or NCCL with ``settings.device="cuda"``; one thread
     each), time every row, check it, summarise (JSON-able)."""
-    from .launcher import run_workers
+    from subclass_ca.distributed import run_workers
 
     settings = settings or FSDP2Cost()
     start = time.perf_counter()
@@ -282,7 +285,7 @@ def format_summary(result: dict[str, Any]) -> str:
     return "\n".join(_table(result) + [""] + _derived(result) + [f"wall {result['wall_s']:.0f} s, ok={result['ok']}"])
 
 
-def markdown_section(result: dict[str, Any], command: str = COMMAND) -> str:
+def markdown_section(result: dict[str, Any], *, command: str | None = None) -> str:
     """A markdown section: settings, the table, the derived costs, the command."""
     s = result["settings"]
     return "\n".join([
@@ -291,13 +294,13 @@ def markdown_section(result: dict[str, Any], command: str = COMMAND) -> str:
         f"{s['block']} backwards per mode after {s['warmup']} warm-up rounds, rank 0's clock; ratios within each round; "
         f"device {s['device']}. "
         "`ca_uncompiled` = the subclass_ca model and CA graph with every split piece run as its FX graph, uncompiled "
-        f"(Note [The cost of a split FSDP2 backward] in `subclass_ca/_tools/fsdp2_cost.py`). torch {result['torch']}.",
+        f"(Note [The cost of a split FSDP2 backward] in `tools/fsdp2_cost.py`). torch {result['torch']}.",
         "", *_table(result), "", *[f"* {line}" for line in _derived(result)], "",
-        f"Command: `{command}` ({result['wall_s']:.0f} s).", ""])
+        f"Command: `{report.command_of(result, command, COMMAND)}` ({result['wall_s']:.0f} s).", ""])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(argv) if argv is not None else sys.argv[1:]
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m tools fsdp2-cost``."""
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=1, help="world size (default 1: no collectives)")
     parser.add_argument("--models", nargs="+", default=list(FSDP2Cost.models), help=f"of {list(bench_fsdp2.MODELS)}")
@@ -309,6 +312,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the ranks are terminated")
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write the markdown section")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         settings = FSDP2Cost(models=tuple(args.models), backends=tuple(args.backends), reps=args.reps,
@@ -316,11 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     result = measure(args.nproc, settings=settings, timeout_s=args.timeout)
+    result["command"] = " ".join([COMMAND, *argv])
     print(format_summary(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(markdown_section(result, " ".join([COMMAND, *argv])))
+    report.write(sys.modules[__name__], result, json_path=args.json, markdown_path=args.markdown)
     return 0 if result["ok"] else 1
 
 

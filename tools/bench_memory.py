@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .. import _compat
+from subclass_ca import _compat
 
 __all__ = ["Liveness", "graph_liveness", "recording_compiler", "ca_graph_liveness"]
 

@@ -2,7 +2,7 @@
 
 A restarted job skips compiling when torch's caches already hold its graphs; with subclass_ca
 that includes every CA graph and split FSDP2 piece (Note [Warm start through torch's caches]
-in ``_cacheable.py``).  On one machine a persistent ``TORCHINDUCTOR_CACHE_DIR`` is all it takes;
+in ``cacheable.py``).  On one machine a persistent ``TORCHINDUCTOR_CACHE_DIR`` is all it takes;
 to move the artifacts with a checkpoint (another machine, a fresh container, every rank of a
 torchrun job) save them after the first steps and load them before the first step of the next
 run.  The file is torch's mega-cache (``torch.compiler.save_cache_artifacts``) behind a header
@@ -21,9 +21,9 @@ import warnings
 
 import torch
 
-from . import _compat
-from ._fingerprint import package_digest
-from .errors import CacheFileError
+from .. import _compat
+from ..errors import CacheFileError
+from .fingerprint import package_digest
 
 __all__ = ["save_cache", "load_cache", "CacheFile"]
 
@@ -49,6 +49,19 @@ def _header() -> dict[str, object]:
     return {"format": _FORMAT, "torch": str(torch.__version__), "subclass_ca": package_digest()}
 
 
+def _warn_if_ca_graphs_are_not_cached() -> None:
+    missing = [name for name in _compat.missing_optional_features() if name.startswith(("AOTAutogradCache key pickler", "AOT lazy backward compiler"))]
+    if missing or not _compat.marked_cacheable_supported():
+        warnings.warn(
+            f"subclass_ca.save_cache(): torch {_compat.TORCH_VERSION} cannot cache compiled-autograd graphs "
+            f"({'; '.join(missing) or 'no AOTAutogradCache allowlist for them'} missing): what it saves warms the "
+            "forward graphs only, and a restarted job traces and compiles each CA graph again, as under stock "
+            "compiled autograd. torch >= 2.13 caches them (docs/warm_start.md).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 def save_cache(path: str | os.PathLike[str] | None = None) -> CacheFile:
     """Complete torch's compile caches and write every artifact of this process to ``path``.
 
@@ -60,8 +73,9 @@ def save_cache(path: str | os.PathLike[str] | None = None) -> CacheFile:
     :func:`load_cache` reads; raises :class:`CacheFileError` when nothing was compiled with a
     cacheable backend (``inductor``).
     """
-    from ._cacheable import complete_forward_entries
+    from .cacheable import complete_forward_entries
 
+    _warn_if_ca_graphs_are_not_cached()
     completed = complete_forward_entries()
     if path is None:
         return CacheFile(path=_compat.cache_dir(), torch_version=str(torch.__version__), subclass_ca=package_digest(),

@@ -1,6 +1,6 @@
 """FSDP2 (``fully_shard``) training under subclass_ca, verified against eager FSDP2 and a dense reference.
 
-``python -m subclass_ca fsdp2 --nproc 2`` trains one small MLP (per-layer and root
+``python -m tools fsdp2 --nproc 2`` trains one small MLP (per-layer and root
 ``fully_shard``, gloo on 127.0.0.1, or NCCL with ``--device cuda``; different data per rank) in several modes and checks
 that every mode ends with the same sharded DTensor parameters and gradients as eager
 FSDP2 and as a single-process dense model trained on the rank-averaged gradient:
@@ -10,7 +10,7 @@ FSDP2 and as a single-process dense model trained on the rank-averaged gradient:
 * ``subclass_ca`` -- ``torch.compile(model)`` forward, ``with subclass_ca.enable(): loss.backward()``;
 * ``stock_ca``    -- the same with torch's stock compiled autograd (``fullgraph=False``, as a
   new user writes it): on torch 2.13 this one is wrong (see Note [FSDP2 under compiled
-  autograd] in ``_fsdp2.py``) and is reported, not hidden.
+  autograd] in ``subclass_ca/_fsdp2.py``) and is reported, not hidden.
 
 The functions are building blocks for the demo and the benchmark: :func:`train_fsdp2`
 runs inside an initialised process group, :func:`launch` starts ``world_size`` processes
@@ -32,12 +32,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _compat
+from subclass_ca import _compat
+
+from . import report
+from .report import as_json as to_json
 
 __all__ = [
     "MODES",
     "FSDP2Run",
     "build_model",
+    "shard",
+    "backward_context",
+    "plain_tensor",
     "rank_batch",
     "train_fsdp2",
     "dense_reference",
@@ -53,11 +59,19 @@ __all__ = [
     "BlockShape",
     "DEVICES",
     "markdown_section",
+    "to_json",
+    "TARGETS",
+    "add_arguments",
+    "run_config",
+    "run_from_args",
+    "build_parser",
     "demo_main",
     "main",
 ]
 
 MODES: tuple[str, ...] = ("eager", "compile", "subclass_ca", "stock_ca")
+TARGETS: dict[str, str] = {}
+"""None: every mode is checked (``ok``) against eager FSDP2 and the dense run, not judged against a target."""
 PARAM_DTYPES: tuple[str | None, ...] = (None, "bfloat16", "float16")
 PARAM_KINDS: tuple[str, ...] = ("plain", "two_tensor", "nf4_lora")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -148,9 +162,9 @@ class _NF4LoRALinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, rank: int = 4) -> None:
         super().__init__()
-        from .bench_models import _import_nf4
+        from .bench_models import import_nf4
 
-        to_nf4 = _import_nf4()
+        to_nf4 = import_nf4()
         self.weight = nn.Parameter(to_nf4(linear.weight.detach().clone(), 8, 8), requires_grad=False)
         self.lora_a = nn.Parameter(torch.randn(rank, linear.in_features) * 0.1)
         self.lora_b = nn.Parameter(torch.randn(linear.out_features, rank) * 0.1)
@@ -232,7 +246,7 @@ def micro_batch_rows(run: FSDP2Run) -> list[slice]:
     return [slice(micro, None, run.accumulate) for micro in range(run.accumulate)]
 
 
-def _shard(model: nn.Sequential, run: FSDP2Run) -> None:
+def shard(model: nn.Sequential, run: FSDP2Run) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = {}
@@ -246,9 +260,9 @@ def _shard(model: nn.Sequential, run: FSDP2Run) -> None:
     fully_shard(model, **policy)
 
 
-def _backward_context(mode: str, run: FSDP2Run) -> Any:
+def backward_context(mode: str, run: FSDP2Run) -> Any:
     if mode == "subclass_ca":
-        from ..api import enable
+        from subclass_ca.api import enable
 
         return enable(backend=run.backend)
     if mode == "stock_ca":
@@ -287,15 +301,15 @@ def _gathered(t: Any) -> torch.Tensor:
     local = t.to_local()
     if type(local) is torch.Tensor or not _compat.is_traceable_wrapper_subclass(local):
         return t.full_tensor().clone()
-    return _plain(local)
+    return plain_tensor(local)
 
 
-def _plain(t: torch.Tensor) -> torch.Tensor:
+def plain_tensor(t: torch.Tensor) -> torch.Tensor:
     """A plain copy of ``t``: a wrapper subclass (TwoTensor, NF4) as its inner tensors stacked, for exact comparison."""
     if type(t) is torch.Tensor or isinstance(t, nn.Parameter) or not _compat.is_traceable_wrapper_subclass(t):
         return t.clone()
     names, _ = t.__tensor_flatten__()
-    return torch.cat([_plain(getattr(t, n)).reshape(-1).float() for n in names])
+    return torch.cat([plain_tensor(getattr(t, n)).reshape(-1).float() for n in names])
 
 
 def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: FSDP2Run | None = None) -> dict[str, Any]:
@@ -313,7 +327,7 @@ def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: F
     if not dist.is_initialized() or dist.get_world_size() != world_size or dist.get_rank() != rank:
         raise RuntimeError(f"train_fsdp2 needs an initialised process group of size {world_size} (rank {rank})")
     model = build_model(run)
-    _shard(model, run)
+    shard(model, run)
     forward: Callable[..., torch.Tensor] = model
     if mode in ("compile", "stock_ca") or (mode == "subclass_ca" and run.compile_forward):
         forward = torch.compile(model, backend=run.backend)
@@ -333,7 +347,7 @@ def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: F
                 model.set_requires_gradient_sync(last)  # accumulate locally, reduce-scatter on the last one
             loss = _loss(forward, x[rows], y[rows])
             graphs_before, breaks_before = _compat.unique_graph_count(), sum(_compat.graph_break_counts().values())
-            with _backward_context(mode, run):
+            with backward_context(mode, run):
                 loss.backward()
             graphs += _compat.unique_graph_count() - graphs_before
             breaks += sum(_compat.graph_break_counts().values()) - breaks_before
@@ -344,7 +358,7 @@ def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: F
         step_times.append(time.perf_counter() - start)
         losses.append(float(loss.detach()))
     params = _snapshot({n: p for n, p in model.named_parameters() if p.requires_grad})
-    from ..diagnostics import last_report
+    from subclass_ca.diagnostics import last_report
 
     report = last_report() if mode == "subclass_ca" else None
     return {
@@ -448,7 +462,7 @@ def launch(
     A thin front for :func:`subclass_ca.distributed.run_workers` (bounded, fail-fast, no orphans):
     a rank that raises, dies or outlives ``timeout_s`` raises ``WorkerError`` with its traceback.
     """
-    from .launcher import run_workers
+    from subclass_ca.distributed import run_workers
 
     return run_workers(fn, world_size, timeout_s=timeout_s, args=tuple(args), device=device)
 
@@ -486,7 +500,7 @@ def run_many(
 
 
 def _train_modes(rank: int, world_size: int, modes: Sequence[str], run: FSDP2Run) -> dict[str, Any]:
-    from ..api import reset
+    from subclass_ca.api import reset
 
     out: dict[str, Any] = {}
     for mode in modes:
@@ -598,8 +612,8 @@ def run_and_summarize(
     return summarize(run_modes(modes, world_size=world_size, run=run, timeout_s=timeout_s), run, world_size)
 
 
-def markdown_section(summary: dict[str, Any]) -> str:
-    """A markdown section for :func:`run_and_summarize`'s summary (``python -m subclass_ca fsdp2 --markdown``)."""
+def markdown_section(summary: dict[str, Any], *, command: str | None = None) -> str:
+    """A markdown section for :func:`run_and_summarize`'s summary (``python -m tools fsdp2 --markdown``)."""
     run = summary["run"]
     lines = [
         "",
@@ -627,7 +641,7 @@ def markdown_section(summary: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"Command: `{summary.get('command', 'python -m subclass_ca fsdp2')}`.  Stock compiled autograd is not timed: "
+        f"Command: `{report.command_of(summary, command, 'python -m tools fsdp2')}`.  Stock compiled autograd is not timed: "
         "on torch 2.13 it leaves FSDP2's first layer unsharded with an un-reduced gradient (see docs/distributed.md).",
         "",
     ]
@@ -635,11 +649,11 @@ def markdown_section(summary: dict[str, Any]) -> str:
 
 
 def demo_main(args: argparse.Namespace) -> int:
-    """``python -m subclass_ca demo --fsdp2 --nproc N``: the four modes, a table and ``fsdp2_results.json``."""
+    """``python -m tools demo --fsdp2 --nproc N``: the four modes, a table and ``fsdp2_results.json``."""
     import json
     from pathlib import Path
 
-    from .launcher import WorkerError
+    from subclass_ca.distributed import WorkerError
 
     steps = getattr(args, "steps", None) or 3
     backend = getattr(args, "backend", None) or "aot_eager"
@@ -663,7 +677,7 @@ def demo_main(args: argparse.Namespace) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, steps: int = 3) -> None:
-    """The FSDP2 options (shared with ``python -m subclass_ca demo --fsdp2``)."""
+    """The FSDP2 options (shared with ``python -m tools demo --fsdp2``)."""
     parser.add_argument("--fsdp2-modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     parser.add_argument("--fsdp2-steps", type=int, default=steps, help=f"SGD steps per mode (default {steps})")
     parser.add_argument("--no-reshard-after-forward", action="store_true", help="fully_shard(reshard_after_forward=False)")
@@ -695,8 +709,9 @@ def run_from_args(args: argparse.Namespace, *, backend: str | None = None) -> di
     return run_and_summarize(modes, world_size=args.nproc, run=run, timeout_s=args.timeout)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m subclass_ca fsdp2", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m tools fsdp2``."""
+    parser = argparse.ArgumentParser(prog="python -m tools fsdp2", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2, help="world size (processes on 127.0.0.1)")
     parser.add_argument("--device", choices=DEVICES, default="cpu", help="gloo on CPU or NCCL on CUDA (one GPU per rank)")
     parser.add_argument("--backend", default="aot_eager")
@@ -708,23 +723,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     argv = list(argv) if argv is not None else sys.argv[1:]
     args = parser.parse_args(argv)
     try:
         summary = run_from_args(args, backend=args.backend)
     except ValueError as error:
         parser.error(str(error))
-    summary.setdefault("command", " ".join(["python -m subclass_ca fsdp2", *argv]))
+    summary.setdefault("command", " ".join(["python -m tools fsdp2", *argv]))
     print(format_summary(summary))
-    if args.json:
-        import json
-
-        with open(args.json, "w") as handle:
-            json.dump(summary, handle, indent=2)
-    if args.markdown:
-        with open(args.markdown, "w") as handle:
-            handle.write(markdown_section(summary))
+    report.write(sys.modules[__name__], summary, json_path=args.json, markdown_path=args.markdown)
     return 0 if summary["ok"] else 1
 
 

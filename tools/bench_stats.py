@@ -1,14 +1,13 @@
-"""Pieces every bench section shares: sample statistics, process RSS, the targets table."""
+"""Pieces every bench section shares: sample statistics and process RSS (reports: :mod:`tools.report`)."""
 
 from __future__ import annotations
 
 import os
 import statistics
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-__all__ = ["stats", "quartiles", "rss_bytes", "targets_table"]
+__all__ = ["stats", "quartiles", "rss_bytes"]
 
 
 def stats(samples: Sequence[float]) -> dict[str, float]:
@@ -40,12 +39,3 @@ def rss_bytes() -> int:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return int(peak if sys.platform == "darwin" else peak * 1024)
 
-
-def targets_table(targets: Mapping[str, str], verdicts: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Markdown rows: each target, met / missed / not measured, and its detail."""
-    lines = ["| target | verdict | detail |", "|---|---|---|"]
-    for key, text in targets.items():
-        verdict = verdicts[key]
-        mark = {True: "**met**", False: "**missed**", None: "not measured"}[verdict["met"]]
-        lines.append(f"| {text} | {mark} | {verdict['detail']} |")
-    return lines

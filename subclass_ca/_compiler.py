@@ -1,0 +1,128 @@
+"""The compiler compiled autograd calls with each captured graph, and one of it per configuration.
+
+Equal settings share one validated :class:`Config`, one :class:`CACompiler` and one cache token
+(:class:`Settings`, Note [Interned settings] in ``api.py``); the token keeps CA caches of different
+settings apart (Note [Keeping CA caches apart] in ``_compat/compiled_autograd.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import _compat, diagnostics
+from ._accumulate import steal_subclass_accumulates
+from ._graph import CompiledCAGraph
+from ._nodes import subclass_nodes
+from .config import Config, cache_key
+
+__all__ = ["CACompiler", "cache_token", "Settings", "settings_for"]
+
+
+class CACompiler:
+    """The ``compiler_fn`` compiled autograd calls with each captured graph; it carries the settings.
+
+    ``compile_graph`` compiles the graph instead of ``torch.compile(backend=config.backend)``:
+    Dynamo's own compiler for a ``torch.compile``-d train step (flag style, see
+    :func:`_adopt_flag_style_compiler`), or, with ``raw=True``, a test's or benchmark's function
+    that must see the raw CA graph (no compiled-graph wrapper, no scoped workarounds).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        compile_graph: Callable[[torch.fx.GraphModule], Any] | None = None,
+        *,
+        raw: bool = False,
+    ) -> None:
+        self.subclass_ca_config = config
+        self._compile_graph = compile_graph
+        self._raw = raw
+        self._factory: Any = None
+
+    @property
+    def factory(self) -> Any:
+        """What C++ autograd is handed while this compiler is active (built once, not per block)."""
+        if self._factory is None:
+            self._factory = _compat.compiler_factory(self)
+        return self._factory
+
+    def _capture(self, graph_module: torch.fx.GraphModule) -> Any:
+        steal_subclass_accumulates(graph_module)  # Note [Subclass gradients and AccumulateGrad]
+        nodes = subclass_nodes(graph_module.graph)
+        config = self.subclass_ca_config
+        fullgraph = config.fullgraph and not any(node.target._subclass_ca_mode == "opaque" for node in nodes)
+        report = diagnostics.finish_capture(
+            graph_nodes=len(graph_module.graph.nodes),
+            fullgraph=fullgraph,
+            ca_counters=_compat.ca_counters(),
+            graph_code=graph_module.code,
+        )
+        if config.report:
+            diagnostics.logger.warning("%s", report.summary())
+        if self._raw and self._compile_graph is not None:
+            return self._compile_graph(graph_module)
+        return CompiledCAGraph(graph_module, config, fullgraph, report, self._compile_graph)
+
+    # Note [Capture code is never traced] (_compat/compiled_autograd.py)
+    __call__ = _compat.dynamo_disable(_capture)
+
+
+# --- cache tokens (Note [Keeping CA caches apart] in _compat/compiled_autograd.py) -----
+
+_cache_tokens: dict[tuple[Any, ...], int] = {}
+_cache_tokens_lock = threading.Lock()
+
+
+def cache_token(config: Config, *, raw: bool = False) -> int:
+    """A small int per distinct configuration: CA graphs are cached separately per token.
+
+    ``raw``: for :func:`capture_with`, whose graphs go to a caller's compiler instead of ours.
+    """
+    key = (*cache_key(config), raw)
+    with _cache_tokens_lock:
+        token = _cache_tokens.get(key)
+        if token is None:
+            token = _cache_tokens[key] = len(_cache_tokens)
+        return token
+
+
+# --- one compiler per configuration (Note [Interned settings] in api.py) ----------
+
+
+class Settings:
+    """One validated configuration with its compiler and cache token, shared by equal ``enable()`` calls."""
+
+    __slots__ = ("config", "compiler", "token")
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.compiler = CACompiler(config)
+        """Shared, so its ``factory`` is built once per configuration, not once per ``enable()``."""
+        self.token = cache_token(config)
+
+
+_settings: dict[tuple[Any, ...], Settings] = {}
+_settings_lock = threading.Lock()
+
+
+def settings_for(config: Config) -> Settings:
+    """The :class:`Settings` of every configuration equal to ``config`` (the first one seen is kept).
+
+    Equal means equal cache keys (:func:`cache_token`: compile kwargs compared by ``repr``) and
+    the same ``report``, which is not part of the cache key but is read by the compiler.  The
+    interned ``Config`` holds its own copy of ``compile_kwargs``.
+    """
+    key = (*cache_key(config), config.report)
+    found = _settings.get(key)
+    if found is None:
+        with _settings_lock:
+            found = _settings.get(key)
+            if found is None:
+                interned = dataclasses.replace(config, compile_kwargs=dict(config.compile_kwargs))
+                found = _settings[key] = Settings(interned)
+    return found

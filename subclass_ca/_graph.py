@@ -1,0 +1,183 @@
+"""The compiled CA graph: the callable compiled autograd runs for each captured backward."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import _compat, _fsdp2, _split, diagnostics
+from ._warm_start import cacheable as _cacheable
+from ._epilogue import warn_fallback_once
+from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes
+from ._translate import compile_error, grad_dtype_refusal
+from .config import Config
+from .errors import UnsupportedSubclassError
+
+__all__ = ["CompiledCAGraph"]
+
+
+class CompiledCAGraph:
+    """The compiled CA graph, with one recovery path when compiling our rebuild nodes fails.
+
+    If the first call fails *while compiling* (fullgraph: nothing has run yet) and the error
+    was raised inside one of our rebuilds, ``on_unsupported="error"`` raises
+    UnsupportedSubclassError naming the subclass types (no gradient produced), and
+    ``"eager"`` recompiles the graph with those nodes opaque (one warning per subclass).
+    Workarounds scoped to a CA graph run (Note [Workaround scopes]) apply around each call.
+    A graph with FSDP2 hooks is split at them on its first run (:meth:`split_at_hooks`).
+    """
+
+    def __init__(
+        self,
+        graph_module: torch.fx.GraphModule,
+        config: Config,
+        fullgraph: bool,
+        report: diagnostics.CaptureReport,
+        compile_graph: Callable[[torch.fx.GraphModule], Any] | None = None,
+    ) -> None:
+        self._graph_module = graph_module
+        self._compile_graph = compile_graph
+        self._config = config
+        self._report = report
+        self._compiled = self._compile(fullgraph)
+        self._checked = not fullgraph or not subclass_nodes(graph_module.graph)
+        self._graph_breaks_allowed = not fullgraph
+        self._workarounds = _compat.ca_graph_run_patches()
+        for patches in self._workarounds:  # resident, acting only inside CA_GRAPH_RUN (Note [Workaround scopes])
+            patches.install()
+        self._first_run = True
+        self._steady = False
+
+    def _compile(self, fullgraph: bool) -> Any:
+        if self._compile_graph is not None:  # the compiler of a torch.compile-d train step (flag style)
+            return self._compile_graph(self._graph_module)
+        config = self._config
+        kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs)
+        return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **kwargs)
+
+    def _call_in_scope(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._workarounds:
+            return self._call(*args, **kwargs)
+        _compat.CA_GRAPH_RUN.enter()
+        try:
+            return self._call(*args, **kwargs)
+        finally:
+            _compat.CA_GRAPH_RUN.exit()
+
+    # The wrapper itself is never traced: inside a torch.compile-d train step Dynamo's frame
+    # callback is active while compiled autograd runs this graph, and would trace any frame of
+    # ours it enters; the disable wrapper is torch's own frame (about 1 µs).  The compiled graph
+    # inside still runs compiled: its own torch.compile context re-enables Dynamo for its frame.
+    __call__ = _compat.dynamo_disable(_call_in_scope)
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        if self._steady:
+            # A fullgraph graph whose first run met no FSDP2 hook: nothing below can apply any more
+            # (FSDP2 always puts its own autograd Functions in the graph, which are part of compiled
+            # autograd's cache key, so a graph captured without them never runs with FSDP2).
+            self._report.runs += 1
+            return self._compiled(*args, **kwargs)
+        # Note [FSDP2 under compiled autograd] in _fsdp2.py: detect FSDP2 hooks before the graph
+        # runs, run the engine final callbacks eager hooks queue, check FSDP2 finished its backward.
+        fsdp2_states = _fsdp2.prepare(self, args)
+        if not self._graph_breaks_allowed:  # fullgraph: no eager code in the graph can queue a callback
+            first = self._first_run
+            result = self._run(*args, **kwargs)
+            self._steady = first and not fsdp2_states and not self._graph_breaks_allowed
+            return result
+        with _fsdp2.final_callbacks():
+            result = self._run(*args, **kwargs)
+        _fsdp2.check_finished(fsdp2_states)
+        return result
+
+    def split_at_hooks(self, hooks: Any, reason: str, break_reason: str) -> None:
+        """Split the graph at its FSDP2 / ``dynamo.disable``-d hooks, compile each piece whole (Note [Splitting the CA graph at FSDP2's hooks]).
+
+        Falls back to :meth:`allow_graph_breaks` when the graph is compiled by a train step's own
+        compiler (flag style: that compiler wants the whole graph) or has no split point.
+        """
+        if self._graph_breaks_allowed:
+            return
+        points = _split.split_points(self._graph_module, hooks) if self._compile_graph is None else []
+        if not points:
+            self.allow_graph_breaks(break_reason)
+            return
+        config = self._config
+
+        def compile_piece(forward: Callable[..., Any], *, fullgraph: bool) -> Any:
+            kwargs = _cacheable.compile_kwargs(forward.__self__, config.backend, config.compile_kwargs)
+            return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, **kwargs)
+
+        split = _split.split_graph(self._graph_module, points, compile_piece, self._report)
+        self._graph_breaks_allowed = True  # eager code (the hooks) runs between the pieces: final callbacks apply
+        self._compiled = split
+        self._checked = True
+        self._report.fullgraph = False
+        self._report.split_pieces = split.pieces
+        self._report.split_hooks = split.hooks
+        self._report.fallbacks.append(
+            f"{reason}: the CA graph is split at its {split.hooks} hook call(s) into {split.pieces} piece(s), "
+            "each compiled with fullgraph=True; the hooks run eagerly between them"
+        )
+
+    def allow_graph_breaks(self, reason: str) -> None:
+        """Compile with graph breaks (fullgraph=False) from now on; the capture report records why."""
+        if self._graph_breaks_allowed:
+            return
+        self._graph_breaks_allowed = True
+        self._compiled = self._compile(False)
+        self._checked = True
+        self._report.fullgraph = False
+        self._report.fallbacks.append(reason)
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        diagnostics.record_run(self._report)
+        if self._first_run:
+            return self._first(*args, **kwargs)
+        return self._compiled(*args, **kwargs)
+
+    def _first(self, *args: Any, **kwargs: Any) -> Any:
+        """The first run compiles: recover from failures that are ours, list graph breaks."""
+        breaks_before = _compat.graph_break_counts()
+        refusal = grad_dtype_refusal(args)  # read now: the graph empties its inputs list
+        try:
+            result = self._compiled(*args, **kwargs)
+        except Exception as error:
+            if refusal is not None and _compat.is_graph_break(error):
+                raise refusal from error
+            if self._checked or not _compat.is_compile_failure(error):
+                if _compat.is_graph_break(error) and not self._graph_breaks_allowed and not raised_in_rebuild(error):
+                    raise compile_error(error, args) from error
+                raise
+            result = self._recover(error, args, kwargs)
+        self._checked = True
+        self._first_run = False
+        breaks = _compat.graph_break_counts()
+        self._report.graph_breaks += sorted(r for r, n in breaks.items() if n > breaks_before.get(r, 0))
+        return result
+
+    def _recover(self, error: Exception, args: Any, kwargs: Any) -> Any:
+        if not raised_in_rebuild(error):
+            if _compat.is_graph_break(error) and not self._graph_breaks_allowed:
+                raise compile_error(error, args) from error
+            raise error
+        names = sorted({node.target._subclass_ca_type.__qualname__ for node in subclass_nodes(self._graph_module.graph)})
+        if self._config.on_unsupported != "eager":
+            last_line = str(error).strip().splitlines()[-1] if str(error).strip() else ""
+            raise UnsupportedSubclassError(
+                f"compiling the compiled-autograd graph failed inside the rebuild of {names} "
+                f"({type(error).__name__}: {last_line}). "
+                "No gradient was produced. Register a handler with a trace-safe rebuild, register it with "
+                "mode='opaque', or pass enable(on_unsupported='eager') to rebuild eagerly."
+            ) from error
+        retarget_to_opaque(self._graph_module)
+        self._compiled = self._compile(False)
+        self._checked = True
+        self._report.fullgraph = False
+        for name in names:
+            reason = f"{name}: rebuild could not be compiled ({type(error).__name__}); rebuilt eagerly (opaque)"
+            self._report.fallbacks.append(reason)
+            warn_fallback_once(name, reason)
+        return self._compiled(*args, **kwargs)
