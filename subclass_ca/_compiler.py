@@ -22,6 +22,24 @@ from .config import Config, cache_key
 
 __all__ = ["CACompiler", "cache_token", "Settings", "settings_for"]
 
+# Note [Static-first CA graphs]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Compiled autograd keys its cache on the autograd graph's structure and keeps, per cached graph,
+# the sizes it was captured with (each tensor size, each SymInt of a node's saved state).  With
+# torch's ``dynamic=True`` every one of them enters the first CA graph as a symbol, so the CA graph
+# and the AOT backwards pasted into it are compiled for symbolic shapes even when a model only ever
+# sees one shape: inductor's kernels are generic, and the graph carries the symbols' guards and
+# size arithmetic at every step.  With ``dynamic=False`` compiled autograd starts static and, when a
+# size it specialised on changes, marks *that* size dynamic and recaptures once; later values of it
+# hit the cache (its ``check_dynamic_sizes``).  That is Dynamo's own automatic-dynamic rule, and it is
+# our default (``Config.dynamic=None``): a fixed-shape training loop gets a static graph, a
+# variable-length one pays one recapture per forward graph, never one per length.
+# ``dynamic=True`` keeps torch's all-symbolic first capture (one capture fewer when every step has
+# a new length); ``dynamic=False`` also compiles the CA graph with ``torch.compile(dynamic=False)``,
+# so that Dynamo specialises the sizes compiled autograd made dynamic: one compile per distinct size,
+# never a symbolic kernel.  The setting is part of the cache key, so blocks of different settings
+# never share a CA graph.
+
 
 class CACompiler:
     """The ``compiler_fn`` compiled autograd calls with each captured graph; it carries the settings.

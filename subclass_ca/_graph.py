@@ -18,6 +18,11 @@ from .errors import UnsupportedSubclassError
 __all__ = ["CompiledCAGraph"]
 
 
+def _sizes(config: Config) -> dict[str, bool]:
+    """``dynamic=False`` never lets Dynamo mark a size dynamic either (Note [Static-first CA graphs] in ``_compiler.py``)."""
+    return {"dynamic": False} if config.dynamic is False else {}
+
+
 class CompiledCAGraph:
     """The compiled CA graph, with one recovery path when compiling our rebuild nodes fails.
 
@@ -49,15 +54,18 @@ class CompiledCAGraph:
             patches.install()
         self._first_run = True
         self._steady = False
+        self._static_sizes = config.dynamic is False  # Note [Static-first CA graphs] in _compiler.py
 
     def _compile(self, fullgraph: bool) -> Any:
         if self._compile_graph is not None:  # the compiler of a torch.compile-d train step (flag style)
             return self._compile_graph(self._graph_module)
         config = self._config
         kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs)
-        return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **kwargs)
+        return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)
 
     def _call_in_scope(self, *args: Any, **kwargs: Any) -> Any:
+        if self._static_sizes:
+            args = _compat.static_size_args(args)
         if not self._workarounds:
             return self._call(*args, **kwargs)
         _compat.CA_GRAPH_RUN.enter()
@@ -108,7 +116,7 @@ class CompiledCAGraph:
 
         def compile_piece(forward: Callable[..., Any], *, fullgraph: bool) -> Any:
             kwargs = _cacheable.compile_kwargs(forward.__self__, config.backend, config.compile_kwargs)
-            return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, **kwargs)
+            return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)
 
         split = _split.split_graph(self._graph_module, points, compile_piece, self._report)
         self._graph_breaks_allowed = True  # eager code (the hooks) runs between the pieces: final callbacks apply

@@ -165,7 +165,7 @@ def enter_block(owner: object, config: Config, compiler: CACompiler, token: int,
         if miss_log and diagnostics.miss_reasons_available():
             diagnostics.start_miss_log()
             entry.miss_log = True
-        entry.activation = _compat.activate(compiler, compiler.factory, dynamic=config.dynamic)
+        entry.activation = _compat.activate(compiler, compiler.factory, dynamic=config.dynamic is True)  # Note [Static-first CA graphs]
     except BaseException:
         entry.close((None, None, None))
         raise

@@ -6,11 +6,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["Config", "ON_UNSUPPORTED", "SETTINGS", "CACHE_KEYED_SETTINGS", "FLAGS", "cache_key"]
+__all__ = ["Config", "DYNAMIC_CHOICES", "ON_UNSUPPORTED", "SETTINGS", "CACHE_KEYED_SETTINGS", "FLAGS", "cache_key"]
 
 ON_UNSUPPORTED: tuple[str, ...] = ("error", "eager")
-_RESERVED_COMPILE_KWARGS = ("backend", "fullgraph")
+_RESERVED_COMPILE_KWARGS = ("backend", "fullgraph", "dynamic")
 """Set through their own fields, never through compile_kwargs."""
+DYNAMIC_CHOICES: tuple[bool | None, ...] = (None, True, False)
+"""``Config.dynamic``: static-first (None, the default), dynamic from the first capture, never dynamic."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,8 +23,11 @@ class Config:
     """Anything ``torch.compile(backend=...)`` accepts: a name or a ``(gm, example_inputs)`` callable."""
     compile_kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``torch.compile`` of the CA graph (not backend/fullgraph)."""
-    dynamic: bool = True
-    """Whether compiled autograd treats sizes in the autograd graph as dynamic (torch's default)."""
+    dynamic: bool | None = None
+    """How the sizes of the autograd graph enter the CA graph (Note [Static-first CA graphs] in ``_compiler.py``).
+    None: static first, Dynamo's automatic-dynamic rule: the first capture specialises every size; a size
+    that changes recaptures once with that size dynamic.  True: every size dynamic from the first capture
+    (torch's default for compiled autograd).  False: never dynamic: each new size compiles the CA graph anew."""
     strict: bool = False
     """Check every rebuilt subclass against the metadata recorded at capture; raise on mismatch."""
     on_unsupported: str = "error"
@@ -46,11 +51,13 @@ class Config:
         if reserved:
             raise ValueError(
                 f"Config.compile_kwargs must not set {reserved}: pass backend= and fullgraph= as settings of "
-                "their own (enable(backend=..., fullgraph=...))"
+                "their own (enable(backend=..., fullgraph=..., dynamic=...))"
             )
         for name in FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
+        if not any(self.dynamic is choice for choice in DYNAMIC_CHOICES):
+            raise ValueError(f"Config.dynamic must be None, True or False, got {self.dynamic!r}")
         if self.on_unsupported not in ON_UNSUPPORTED:
             raise ValueError(f"Config.on_unsupported: got {self.on_unsupported!r}, allowed values are {ON_UNSUPPORTED}")
 

@@ -67,7 +67,7 @@ def test_equal_settings_share_one_config_compiler_and_token():
     assert second._token == first._token == from_config._token
     assert first._compiler.factory is second._compiler.factory
     # defaults spelled out are the same settings as defaults left out
-    spelled = subclass_ca.enable(backend="aot_eager", dynamic=True, strict=False, on_unsupported="error", fullgraph=True)
+    spelled = subclass_ca.enable(backend="aot_eager", dynamic=None, strict=False, on_unsupported="error", fullgraph=True)
     assert spelled._compiler is subclass_ca.enable()._compiler
 
 
@@ -99,7 +99,7 @@ def test_seen_keywords_skip_building_and_validating_a_config(monkeypatch):
 
 def test_a_flag_equal_to_a_seen_bool_is_still_rejected():
     subclass_ca.enable(dynamic=True)
-    with pytest.raises(ValueError, match="dynamic must be True or False, got 1"):
+    with pytest.raises(ValueError, match="dynamic must be None, True or False, got 1"):
         subclass_ca.enable(dynamic=1)
 
 
@@ -152,7 +152,7 @@ def test_the_settings_are_declared_once_as_config_fields():
                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "config")]
     assert sorted(keywords) == sorted(config_module.SETTINGS), "enable() and Config disagree on the settings"
     assert "report" not in config_module.CACHE_KEYED_SETTINGS  # read by the compiler, not a different graph
-    assert set(config_module.FLAGS) == {"dynamic", "strict", "report", "fullgraph"}
+    assert set(config_module.FLAGS) == {"strict", "report", "fullgraph"}  # dynamic: None, True or False
     base = subclass_ca.Config()
     for name in config_module.CACHE_KEYED_SETTINGS:
         if name in config_module.FLAGS:

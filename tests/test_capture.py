@@ -229,10 +229,11 @@ def test_nested_subclass_activation_grads_with_changing_batch_match_eager():
             step(x).backward()
         assert_same_grad(eager_x.grad, x.grad)
         assert_same_grad(eager_w.grad, w.grad)
-    # one capture per forward graph: static first batch + one dynamic graph on torch 2.13; torch
-    # 2.14/2.15's AOT specialises a nested subclass's batch dim (subclass_utils._safe_metadata_eq
+    # one capture per forward graph, plus one recapture when a static first capture meets a new batch
+    # (Note [Static-first CA graphs]): the forward's static first batch + its dynamic graph on torch 2.13;
+    # torch 2.14/2.15's AOT specialises a nested subclass's batch dim (subclass_utils._safe_metadata_eq
     # guards on backed symbols), so the forward (and stock CA) recompile per batch there
     forward_graphs = forward_compiles.frame_count
     assert forward_graphs in (2, 4)
-    assert torch._dynamo.utils.counters["compiled_autograd"]["captures"] == forward_graphs
+    assert forward_graphs <= torch._dynamo.utils.counters["compiled_autograd"]["captures"] <= forward_graphs + 1
     assert subclass_ca.last_report().nodes_for("PairTensor") == 2

@@ -89,6 +89,7 @@ from .compiled_autograd import (
     HOOK_CALLS,
     is_stock_make_subclass,
     reset_compiled_autograd,
+    static_size_args,
     stock_ca_compiler,
     verbose_logger_swap,
 )

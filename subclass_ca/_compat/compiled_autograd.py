@@ -42,6 +42,7 @@ __all__ = [
     "cache_key_swap",
     "hook_calls",
     "HOOK_CALLS",
+    "static_size_args",
 ]
 
 CA_MODULE = "torch._dynamo.compiled_autograd"
@@ -365,3 +366,18 @@ and the backward of a custom autograd Function, whose ctx is the hook object).""
 def hook_calls() -> tuple[Callable[..., Any], ...]:
     """The functions CA graph nodes call with a hook object as first argument (``call_hook``, ``call_backward``)."""
     return tuple(lookup(dotted) for dotted in HOOK_CALLS)
+
+
+def static_size_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A CA graph's call arguments with every size as a plain int (Note [Static-first CA graphs] in ``_compiler.py``).
+
+    Compiled autograd passes the CA graph ``(inputs, sizes, scalars, hooks, ...)``; since torch 2.13 each
+    size it made dynamic comes as a ``(0, size)`` tensor marked maybe-dynamic, which Dynamo turns into a
+    symbol even under ``torch.compile(dynamic=False)``.  As an int (what the graph's
+    ``unwrap_maybe_dynamic_int`` also accepts, and all older torch passes), Dynamo specialises it.
+    """
+    if len(args) < 2 or not isinstance(args[1], list):
+        return args
+    sizes = [size.size(1) if isinstance(size, torch.Tensor) else size for size in args[1]]
+    return (args[0], sizes, *args[2:])
+
