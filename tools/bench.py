@@ -57,10 +57,10 @@ from . import bench_memory as _bench_memory
 from . import bench_models as _bench_models
 from . import bench_runtime as _bench_runtime
 from . import report
-from .bench_stats import rss_bytes
+from .bench_stats import judge, paired_ratio, rss_bytes
 from .bench_stats import stats as _stats
 from .progress import Progress
-from .report import targets_table
+from .report import combine, targets_table
 
 __all__ = ["main", "build_parser", "settings_from_args", "BenchSettings", "MODES", "TARGETS", "SECTIONS"]
 
@@ -77,6 +77,7 @@ CA_MODES = ("stock_ca", "subclass_ca", "subclass_ca_strict")
 TARGETS: dict[str, str] = {
     "steady": "subclass_ca / stock CA <= 1.00 (steady state, context entered per step; every row)",
     "steady_once": "subclass_ca / stock CA <= 1.00 (steady state, context entered once around the steps; every row)",
+    "vs_compile": "subclass_ca / compile-only <= 1.00 (steady state, realistic blocks: compiled forward, eager autograd)",
     "cold": "subclass_ca / stock CA <= 1.05 (cold first step)",
     "vs_eager": "subclass_ca >= 2x faster than eager on the subclass models",
     "recompiles": "0 recompiles after warm-up (subclass_ca)",
@@ -487,10 +488,20 @@ def _summaries(configs: list[_Config]) -> list[dict[str, Any]]:
             "model": c.model, "size": c.size, "mode": c.mode, "backend": c.backend,
             "cold_ms": c.cold_ms, "cold_samples_ms": c.cold_samples, "captures": c.captures_total, "recompiles_after_warmup": c.recompiles_after_warmup,
             "cuda_peak_bytes": c.cuda_peak_bytes, "peak_bytes": c.peak_bytes, **_stats(c.samples),
+            "samples_ms": c.samples, "once_samples_ms": c.samples_once,
             **({f"once_{k}": v for k, v in _stats(c.samples_once).items()} if c.samples_once else {}),
         }
         for c in configs
     ]
+
+
+def _paired(ours: dict[str, Any], stock: dict[str, Any]) -> dict[str, Any]:
+    """Per-round ratios of subclass_ca to stock CA with their intervals (Note [Verdicts on a shared machine])."""
+    return {
+        "steady_interval": paired_ratio(ours.get("samples_ms", []), stock.get("samples_ms", [])),
+        "steady_once_interval": paired_ratio(ours.get("once_samples_ms") or [], stock.get("once_samples_ms") or []),
+        "cold_interval": paired_ratio(ours.get("cold_samples_ms", []), stock.get("cold_samples_ms", [])),
+    }
 
 
 def _ratios(rows: list[dict[str, Any]], settings: BenchSettings) -> dict[str, list[dict[str, Any]]]:
@@ -507,16 +518,19 @@ def _ratios(rows: list[dict[str, Any]], settings: BenchSettings) -> dict[str, li
                         "steady": _ratio(ours["median"], stock["median"]), "steady_min": _ratio(ours["min"], stock["min"]),
                         "steady_once": _ratio(ours.get("once_median"), stock.get("once_median")),
                         "cold": _ratio(ours["cold_ms"], stock["cold_ms"]),
+                        **_paired(ours, stock),
                     })
                 for mode in ("stock_ca", "subclass_ca"):
                     row = index.get((model, size, mode, backend))
                     if row and eager:
                         vs_eager.append({"model": model, "size": size, "backend": backend, "mode": mode,
-                                         "speedup": _ratio(eager["median"], row["median"])})
+                                         "speedup": _ratio(eager["median"], row["median"]),
+                                         "speedup_interval": paired_ratio(eager.get("samples_ms", []), row.get("samples_ms", []))})
                     plain = index.get(("plain", size, mode, backend))
                     if row and plain and model != "plain" and model not in _bench_models.REALISTIC:
                         vs_plain.append({"model": model, "size": size, "backend": backend, "mode": mode,
-                                         "k": _bench_models.INNER_TENSORS[model], "ratio": _ratio(row["median"], plain["median"])})
+                                         "k": _bench_models.INNER_TENSORS[model], "ratio": _ratio(row["median"], plain["median"]),
+                                         "ratio_interval": paired_ratio(row.get("samples_ms", []), plain.get("samples_ms", []))})
                 if model in _bench_models.REALISTIC:
                     compiled = index.get((model, size, "compile", backend))
                     for mode in ("compile", "stock_ca", "subclass_ca", "subclass_ca_strict"):
@@ -527,6 +541,8 @@ def _ratios(rows: list[dict[str, Any]], settings: BenchSettings) -> dict[str, li
                                 "speedup_vs_eager": _ratio(eager["median"], row["median"]) if eager else None,
                                 "vs_stock_ca": _ratio(row["median"], stock["median"]) if stock else None,
                                 "vs_compile": _ratio(row["median"], compiled["median"]) if compiled else None,
+                                "vs_compile_interval": paired_ratio(row.get("samples_ms", []), compiled.get("samples_ms", []))
+                                if compiled and mode != "compile" else None,
                             })
                 strict_row = index.get((model, size, "subclass_ca_strict", backend))
                 if strict_row and ours:
@@ -544,28 +560,32 @@ def _verdicts(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     verdicts: dict[str, dict[str, Any]] = {}
 
     def verdict(key: str, rows: list[Any], ok: Callable[[Any], bool], describe: Callable[[Any], str]) -> None:
-        rows = [r for r in rows if r is not None]
-        if not rows:
-            verdicts[key] = {"met": None, "detail": "not measured in this run"}
-            return
-        bad = [r for r in rows if not ok(r)]
-        detail = f"{len(rows) - len(bad)}/{len(rows)} met"
-        if bad:
-            detail += "; missed: " + ", ".join(describe(r) for r in bad)
-        verdicts[key] = {"met": not bad, "detail": detail}
+        """A target judged on single numbers (counts, bytes)."""
+        verdicts[key] = combine([(bool(ok(r)), describe(r)) for r in rows if r is not None])
+
+    def interval_verdict(key: str, rows: list[Any], field: str, limit: float, *, at_least: bool = False,
+                         unit: str = "") -> None:
+        """A target judged on per-round ratios: met / missed / within noise (Note [Verdicts on a shared machine])."""
+        judged = []
+        for r in rows:
+            interval = r.get(f"{field}_interval")
+            if interval is None:
+                continue
+            text = f"{where(r)} {_interval(interval)}{unit}"
+            judged.append((judge(interval, limit, at_least=at_least), text))
+        verdicts[key] = combine(judged)
 
     def where(r: dict[str, Any]) -> str:
         return f"{r['model']}/{r['size']}[{r.get('backend')}]"
 
     every_row = results["ratios"]["subclass_ca_vs_stock"]  # steady targets: micro and realistic rows alike
-    steady = [r for r in every_row if r["steady"] is not None]
-    verdict("steady", steady, lambda r: r["steady"] <= 1.00, lambda r: f"{where(r)} {r['steady']:.3f}")
-    once = [r for r in every_row if r.get("steady_once") is not None]
-    verdict("steady_once", once, lambda r: r["steady_once"] <= 1.00, lambda r: f"{where(r)} {r['steady_once']:.3f}")
-    cold = [r for r in ratios["subclass_ca_vs_stock"] if r["cold"] is not None]
-    verdict("cold", cold, lambda r: r["cold"] <= 1.05, lambda r: f"{where(r)} {r['cold']:.3f}")
-    eager = [r for r in ratios["speedup_vs_eager"] if r["mode"] == "subclass_ca" and r["model"] != "plain" and r["speedup"]]
-    verdict("vs_eager", eager, lambda r: r["speedup"] >= 2.0, lambda r: f"{where(r)} {r['speedup']:.2f}x")
+    interval_verdict("steady", every_row, "steady", 1.00)
+    interval_verdict("steady_once", every_row, "steady_once", 1.00)
+    blocks = [r for r in results["ratios"].get("realistic", []) if r["mode"] == "subclass_ca"]
+    interval_verdict("vs_compile", blocks, "vs_compile", 1.00)
+    interval_verdict("cold", ratios["subclass_ca_vs_stock"], "cold", 1.05)
+    eager = [r for r in ratios["speedup_vs_eager"] if r["mode"] == "subclass_ca" and r["model"] != "plain"]
+    interval_verdict("vs_eager", eager, "speedup", 2.0, at_least=True, unit="x")
     ours = [r for r in results["rows"] if r["mode"] == "subclass_ca" and r["model"] not in realistic]
     verdict("recompiles", ours, lambda r: r["recompiles_after_warmup"] == 0,
             lambda r: f"{where(r)} {r['recompiles_after_warmup']}")
@@ -574,8 +594,9 @@ def _verdicts(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
             lambda r: r["named_callables_per_recapture"] == 0 and (r["allowed_ids_per_recapture"] or 0) == 0,
             lambda r: f"{where(r)} named {r['named_callables_per_recapture']:+.2f}, allow_in_graph "
                       f"{r['allowed_ids_per_recapture']:+.2f} per recapture")
-    k_rows = [r for r in ratios["subclass_vs_plain"] if r["mode"] == "subclass_ca" and r["ratio"] is not None]
-    verdict("k_ratio", k_rows, lambda r: r["ratio"] <= r["k"], lambda r: f"{where(r)} {r['ratio']:.2f} > k={r['k']}")
+    k_rows = [r for r in ratios["subclass_vs_plain"] if r["mode"] == "subclass_ca" and r.get("ratio_interval")]
+    verdicts["k_ratio"] = combine([(judge(r["ratio_interval"], r["k"]), f"{where(r)} {_interval(r['ratio_interval'])} vs k={r['k']}")
+                                   for r in k_rows])
     memory = [r for r in results["memory"] if r["subclass_ca"]["make_subclass_nodes"]]
     verdict("memory", memory,
             lambda r: r["subclass_ca"]["peak_bytes"] <= r["stock_ca"]["peak_bytes"]
@@ -617,10 +638,12 @@ def _realistic_section(results: dict[str, Any], peak_note: str) -> list[str]:
                  f"cold = median of {s['realistic_cold_reps']} fresh instance(s), no strict row; primer steps: inductor "
                  "compile + subclass_ca (stock CA's graph has the same kernels), aot_eager subclass_ca")
     out += ["", f"Same interleaved rounds as the micro rows{steps}.",
-            "The targets above are judged on the micro rows only. *cold* is the "
+            "The targets above are judged on the micro rows, except the steady-state ones (every row) and *vs compile* "
+            "(these blocks). *cold* is the "
             "first step of a fresh instance: Dynamo + AOT + backend compile + CA capture, i.e. the compile time. "
             f"*peak*: {peak_note}.",
-            "*vs eager* = eager ms / mode ms (higher is faster); *vs stock_ca* and *vs compile* = mode ms / that mode's ms (lower is faster).",
+            "*vs eager* = eager ms / mode ms (higher is faster); *vs stock_ca* and *vs compile* = mode ms / that mode's ms "
+            "(lower is faster; *vs compile*: median per-round ratio [95 % bootstrap interval]).",
             "", "| model | size | backend | mode | median ms (IQR) | cold ms | peak | vs eager | vs stock_ca | vs compile | recompiles after warm-up |",
             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     ratios = {(r["model"], r["size"], r["backend"], r["mode"]): r for r in results["ratios"].get("realistic", [])}
@@ -632,9 +655,17 @@ def _realistic_section(results: dict[str, Any], peak_note: str) -> list[str]:
             f"| {r['model']} | {r['size']} | {r['backend'] or '—'} | {r['mode']} | {_fmt(r['median'], '.2f')} "
             f"({_fmt(r['q1'], '.2f')}–{_fmt(r['q3'], '.2f')}) | {_fmt(r['cold_ms'], '.0f')} | {_fmt_bytes(r.get('peak_bytes'))} | "
             f"{_fmt(q.get('speedup_vs_eager'))}{'x' if q.get('speedup_vs_eager') else ''} | {_fmt(q.get('vs_stock_ca'), '.3f')} | "
-            f"{_fmt(q.get('vs_compile'), '.3f')} | {r['recompiles_after_warmup']} |"
+            f"{_interval(q.get('vs_compile_interval')) if q.get('vs_compile_interval') else _fmt(q.get('vs_compile'), '.3f')} | "
+            f"{r['recompiles_after_warmup']} |"
         )
     return out
+
+
+def _interval(interval: dict[str, Any] | None, spec: str = ".3f") -> str:
+    """``ratio [low–high]``: the median per-round ratio and its bootstrap interval; — when unmeasured."""
+    if not interval:
+        return "—"
+    return f"{interval['ratio']:{spec}} [{interval['low']:{spec}}–{interval['high']:{spec}}]"
 
 
 def _fmt(value: Any, spec: str = ".2f") -> str:
@@ -696,15 +727,19 @@ def render_markdown(results: dict[str, Any]) -> str:
     out += ["", "## Ratios", "", "### subclass_ca / stock CA", "",
             "Every row, micro and realistic. *per step*: the context entered around every step (the tables above); "
             "*once*: the same compiled workloads, the context entered once around each timed block of steps (timed "
-            "in the same rounds). Targets are judged on the medians; the ratio of the minima (least disturbed "
-            "samples) is shown beside them.", "",
-            "| model | size | backend | per step (median) | per step (min) | once (median) | cold |", "|---|---|---|---:|---:|---:|---:|"]
-    out += [f"| {r['model']} | {r['size']} | {r['backend']} | {_fmt(r['steady'], '.3f')} | {_fmt(r.get('steady_min'), '.3f')} | "
-            f"{_fmt(r.get('steady_once'), '.3f')} | {_fmt(r['cold'], '.3f')} |" for r in results["ratios"]["subclass_ca_vs_stock"]]
+            "in the same rounds). Each cell is the median of the per-round ratios with its 95 % bootstrap interval; "
+            "a target is missed only when the whole interval is beyond it, *within noise* when the interval "
+            "straddles it (Note [Verdicts on a shared machine] in `tools/bench_stats.py`). The ratio of the minima "
+            "(least disturbed samples) is shown beside them.", "",
+            "| model | size | backend | per step | per step (min) | once | cold |", "|---|---|---|---:|---:|---:|---:|"]
+    out += [f"| {r['model']} | {r['size']} | {r['backend']} | {_interval(r.get('steady_interval'))} | {_fmt(r.get('steady_min'), '.3f')} | "
+            f"{_interval(r.get('steady_once_interval'))} | {_interval(r.get('cold_interval'))} |"
+            for r in results["ratios"]["subclass_ca_vs_stock"]]
     out += ["", "### Speed-up over eager (eager ms / mode ms)", "", "| model | size | backend | mode | speed-up |", "|---|---|---|---|---:|"]
-    out += [f"| {r['model']} | {r['size']} | {r['backend']} | {r['mode']} | {_fmt(r['speedup'])}x |" for r in ratios["speedup_vs_eager"]]
+    out += [f"| {r['model']} | {r['size']} | {r['backend']} | {r['mode']} | {_interval(r.get('speedup_interval'), '.2f')} |"
+            for r in ratios["speedup_vs_eager"]]
     out += ["", "### Subclass model / plain model, same mode", "", "| model | size | backend | mode | k | ratio |", "|---|---|---|---|---:|---:|"]
-    out += [f"| {r['model']} | {r['size']} | {r['backend']} | {r['mode']} | {r['k']} | {_fmt(r['ratio'])} |"
+    out += [f"| {r['model']} | {r['size']} | {r['backend']} | {r['mode']} | {r['k']} | {_interval(r.get('ratio_interval'), '.2f')} |"
             for r in ratios["subclass_vs_plain"]]
     out += ["", "### enable(strict=True) / enable(strict=False)", "", "| model | size | backend | steady | cold |", "|---|---|---|---:|---:|"]
     out += [f"| {r['model']} | {r['size']} | {r['backend']} | {_fmt(r['steady'], '.3f')} | {_fmt(r['cold'], '.3f')} |"

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["stats", "quartiles", "rss_bytes"]
+from .report import WITHIN_NOISE
+
+__all__ = ["stats", "quartiles", "rss_bytes", "paired_ratio", "judge"]
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
 
 
 def stats(samples: Sequence[float]) -> dict[str, float]:
@@ -39,3 +46,45 @@ def rss_bytes() -> int:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return int(peak if sys.platform == "darwin" else peak * 1024)
 
+
+
+# Note [Verdicts on a shared machine]
+# ------------------------------------
+# Modes run interleaved round-robin, so sample *i* of two modes was timed in the same round, seconds
+# apart: whatever else the machine did then slowed both.  A ratio is therefore taken per round and
+# summarised by its median, with a bootstrap percentile interval of that median (resampling rounds).
+# A target is *met* when the whole interval is on its side, *missed* only when the whole interval is
+# beyond it, and *within noise* otherwise: the run cannot tell, and says so instead of guessing.
+
+
+def paired_ratio(numerator: Sequence[float], denominator: Sequence[float], *, confidence: float = CONFIDENCE,
+                 resamples: int = RESAMPLES, seed: int = 0) -> dict[str, Any] | None:
+    """Median of the per-round ratios ``numerator[i] / denominator[i]`` with its bootstrap interval.
+
+    Note [Verdicts on a shared machine].  ``None`` when no round has both samples.  The interval is
+    seeded, so one set of samples always gives the same verdict.
+    """
+    ratios = [a / b for a, b in zip(numerator, denominator) if b > 0 and a == a and b == b]
+    if not ratios:
+        return None
+    generator = random.Random(seed)
+    medians = sorted(statistics.median(generator.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    tail = (1.0 - confidence) / 2
+    low = medians[int(tail * resamples)]
+    high = medians[min(resamples - 1, int((1.0 - tail) * resamples))]
+    return {"ratio": statistics.median(ratios), "low": low, "high": high, "rounds": len(ratios)}
+
+
+def judge(interval: dict[str, Any], limit: float, *, at_least: bool = False) -> bool | str:
+    """True (met), False (missed) or WITHIN_NOISE for a :func:`paired_ratio` against ``limit``.
+
+    ``at_least``: the target is ratio >= limit (a speed-up), else ratio <= limit.
+    """
+    low, high = interval["low"], interval["high"]
+    if at_least:
+        low, high, limit = -high, -low, -limit
+    if high <= limit:
+        return True
+    if low > limit:
+        return False
+    return WITHIN_NOISE

@@ -25,10 +25,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Section", "as_json", "command_of", "targets_table", "verdict_lines", "write"]
+__all__ = ["Section", "WITHIN_NOISE", "as_json", "combine", "command_of", "targets_table", "verdict_lines", "write"]
 
-_MARKS = {True: "**met**", False: "**missed**", None: "not measured"}
-_SCREEN = {True: "met   ", False: "MISSED", None: "n/a   "}
+WITHIN_NOISE = "within noise"
+"""A verdict neither met nor missed: the run's own spread straddles the target (Note [Verdicts on a shared machine]
+in ``tools/bench_stats.py``)."""
+_MARKS = {True: "**met**", False: "**missed**", None: "not measured", WITHIN_NOISE: "within noise"}
+_SCREEN = {True: "met   ", False: "MISSED", None: "n/a   ", WITHIN_NOISE: "noise "}
 
 
 @runtime_checkable
@@ -47,6 +50,23 @@ class Section(Protocol):
 def as_json(result: dict[str, Any]) -> dict[str, Any]:
     """``to_json`` of a tool whose results are JSON-able as they are."""
     return result
+
+
+def combine(judged: list[tuple[bool | str, str]]) -> dict[str, Any]:
+    """One target's verdict from its rows' (verdict, description) pairs: missed if any row is, else within
+    noise if any row is, else met; the detail counts them and names every row that is not met."""
+    if not judged:
+        return {"met": None, "detail": "not measured in this run"}
+    missed = [text for verdict, text in judged if verdict is False]
+    noisy = [text for verdict, text in judged if verdict == WITHIN_NOISE]
+    detail = f"{len(judged) - len(missed) - len(noisy)}/{len(judged)} met"
+    if noisy:
+        detail += f", {len(noisy)} within noise"
+    if missed:
+        detail += "; missed: " + ", ".join(missed)
+    if noisy:
+        detail += "; within noise: " + ", ".join(noisy)
+    return {"met": False if missed else WITHIN_NOISE if noisy else True, "detail": detail}
 
 
 def command_of(result: Mapping[str, Any], command: str | None, default: str) -> str:

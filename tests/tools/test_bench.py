@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tools import bench as _bench
+from tools import bench_stats, report
 from tools import bench_models as _bench_models
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,14 +120,17 @@ def test_results_md_marks_every_target_and_the_cuda_column(quick_run, results):
     assert "## Realistic workloads" in text and "| block_pair | small | aot_eager | subclass_ca |" in text
 
 
-def _synthetic_results(ours_ms: float, stock_ms: float) -> dict:
+def _synthetic_results(ours_ms: float, stock_ms: float, *, spread: float = 0.0) -> dict:
+    """Nine rounds per mode; ``spread``: subclass_ca's samples swing by that fraction around ``ours_ms``."""
     settings = _bench.BenchSettings(models=("plain", "pair"), sizes=("small",), backends=("aot_eager",), strict_backends=())
     rows = []
     for model in ("plain", "pair"):
         for mode, ms in (("eager", 10.0), ("stock_ca", stock_ms), ("subclass_ca", ours_ms)):
-            stats = _bench._stats([ms, ms, ms])
+            swing = spread if mode == "subclass_ca" else 0.0
+            samples = [ms * (1 + swing * (-1) ** i) for i in range(9)]
             rows.append({"model": model, "size": "small", "mode": mode, "backend": None if mode == "eager" else "aot_eager",
-                         "cold_ms": ms * 100, "captures": 1, "recompiles_after_warmup": 0, "cuda_peak_bytes": None, **stats})
+                         "cold_ms": ms * 100, "cold_samples_ms": [ms * 100] * 2, "captures": 1, "recompiles_after_warmup": 0,
+                         "cuda_peak_bytes": None, "samples_ms": samples, **_bench._stats(samples)})
     results = {
         "settings": {**_bench.dataclasses.asdict(settings), "command": "synthetic"},
         "steps": 1, "wall_s": 0.0, "rows": rows, "growth": [], "memory": [],
@@ -143,6 +147,29 @@ def test_a_slower_subclass_ca_is_marked_missed_with_the_ratio():
     assert results["verdicts"]["steady"]["met"] is False
     assert "1.200" in results["verdicts"]["steady"]["detail"]
     assert "| subclass_ca / stock CA <= 1.00 (steady state, context entered per step; every row) | **missed** |" in _bench.render_markdown(results)
+
+
+def test_a_ratio_whose_interval_straddles_the_target_is_within_noise_not_missed():
+    results = _synthetic_results(ours_ms=1.0, stock_ms=1.0, spread=0.2)  # rounds at 0.8 and 1.2 of stock's
+    assert results["verdicts"]["steady"]["met"] == report.WITHIN_NOISE
+    assert "within noise: plain/small[aot_eager]" in results["verdicts"]["steady"]["detail"]
+    row = results["ratios"]["subclass_ca_vs_stock"][0]["steady_interval"]
+    assert row["low"] < 1.0 < row["high"] and row["rounds"] == 9
+    assert "| within noise |" in _bench.render_markdown(results)
+    # the same spread around a clearly slower median is still a miss
+    assert _synthetic_results(ours_ms=1.5, stock_ms=1.0, spread=0.1)["verdicts"]["steady"]["met"] is False
+
+
+def test_paired_ratios_are_seeded_and_judged_by_their_whole_interval():
+    interval = bench_stats.paired_ratio([1.1, 0.9, 1.0, 1.2], [1.0, 1.0, 1.0, 1.0])
+    assert interval == bench_stats.paired_ratio([1.1, 0.9, 1.0, 1.2], [1.0, 1.0, 1.0, 1.0])
+    assert interval["low"] <= interval["ratio"] <= interval["high"]
+    assert bench_stats.judge({"low": 0.9, "high": 0.99}, 1.0) is True
+    assert bench_stats.judge({"low": 1.01, "high": 1.2}, 1.0) is False
+    assert bench_stats.judge({"low": 0.9, "high": 1.1}, 1.0) == report.WITHIN_NOISE
+    assert bench_stats.judge({"low": 2.1, "high": 3.0}, 2.0, at_least=True) is True
+    assert bench_stats.judge({"low": 1.0, "high": 1.9}, 2.0, at_least=True) is False
+    assert bench_stats.paired_ratio([], []) is None
 
 
 def test_a_faster_subclass_ca_is_marked_met():
