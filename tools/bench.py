@@ -930,6 +930,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-start", action="store_true", help="also time the first step of fresh processes, cold and warm "
                    "(compile-only, stock CA, subclass_ca on the TwoTensor MLP and the NF4-LoRA block; inductor; "
                    "combine with --render to add it to existing results)")
+    p.add_argument("--breakdown", action="store_true", help="also cut a step of each realistic block into forward, "
+                   "enter+exit, torch's engine, our wrapper and the CA graph: compile-only, stock CA, subclass_ca (inductor; "
+                   "combine with --render to add it to existing results)")
     p.add_argument("--warm-reps", type=int, default=3, help="warm processes per (model, mode) for --warm-start (default 3)")
     p.add_argument("--nproc", type=int, default=2, help="processes for --fsdp2 and --tp (default 2)")
     return p
@@ -955,6 +958,7 @@ def settings_from_args(argv: Sequence[str]) -> BenchSettings:
 
 
 SECTIONS: dict[str, str] = {
+    "breakdown": "tools.bench_breakdown",
     "fsdp2": "tools.bench_fsdp2",
     "tp": "tools.bench_tp",
     "warm_start": "tools.bench_warm_start",
@@ -981,6 +985,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = json.load(f)
     else:
         results = run(settings)
+    if args.breakdown:  # tools/bench_breakdown.py: where a step's time goes, compile-only vs CA
+        results["breakdown"] = section("breakdown").bench(size=settings.realistic_sizes[0] if settings.realistic_sizes else "medium",
+                                                          device=settings.device)
+        results["breakdown"]["command"] = settings.command
     if args.fsdp2:  # tools/bench_fsdp2.py: micro MLP and transformer blocks vs eager FSDP2, checked
         bench_fsdp2 = section("fsdp2")
         fsdp2_settings = bench_fsdp2.FSDP2Bench(backends=settings.backends, device=settings.device)

@@ -17,7 +17,7 @@ from tools.__main__ import COMMANDS, main, usage
 from tools.progress import Progress
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
-SECTIONS = ("bench_runtime", "bench_fsdp2", "bench_tp", "bench_warm_start", "fsdp2_parity", "fsdp2_profile", "fsdp2_cost")
+SECTIONS = ("bench_runtime", "bench_breakdown", "bench_fsdp2", "bench_tp", "bench_warm_start", "fsdp2_parity", "fsdp2_profile", "fsdp2_cost")
 """Every tool whose results go into a report (Note [One shape for the tools' results])."""
 
 
