@@ -71,8 +71,10 @@ MODES: dict[str, str] = {
     "stock_ca": "torch.compile(forward) + torch's compiled autograd (stock epilogue)",
     "subclass_ca": "torch.compile(forward) + subclass_ca.enable()",
     "subclass_ca_strict": "torch.compile(forward) + subclass_ca.enable(strict=True)",
+    "subclass_ca_cudagraphs": "torch.compile(forward) + subclass_ca.enable(mode='reduce-overhead'): the static CA graph "
+                              "replayed as a CUDA graph (inductor on CUDA only)",
 }
-CA_MODES = ("stock_ca", "subclass_ca", "subclass_ca_strict")
+CA_MODES = ("stock_ca", "subclass_ca", "subclass_ca_strict", "subclass_ca_cudagraphs")
 #: target id -> statement
 TARGETS: dict[str, str] = {
     "steady": "subclass_ca / stock CA <= 1.00 (steady state, context entered per step; every row)",
@@ -209,8 +211,10 @@ def _make_step(workload: _bench_models.Workload, mode: str, backend: str | None,
 
         def context() -> Any:
             return _compat.enable_compiled_autograd(compiler_fn)
-    elif mode in ("subclass_ca", "subclass_ca_strict"):
-        ours = _api.enable(backend, strict=mode == "subclass_ca_strict")
+    elif mode in ("subclass_ca", "subclass_ca_strict", "subclass_ca_cudagraphs"):
+        # Note [Static-first CA graphs]: a fixed-shape step gets a static CA graph, which CUDA graphs can replay
+        extra = {"mode": "reduce-overhead"} if mode == "subclass_ca_cudagraphs" else {}
+        ours = _api.enable(backend, strict=mode == "subclass_ca_strict", **extra)
 
         def context() -> Any:
             return ours
@@ -251,6 +255,8 @@ def _configs(settings: BenchSettings) -> list[_Config]:
                 plan += [("compile", backend), ("stock_ca", backend), ("subclass_ca", backend)]
                 if backend in settings.strict_backends and not realistic:
                     plan.append(("subclass_ca_strict", backend))
+                if backend == "inductor" and settings.device.startswith("cuda"):
+                    plan.append(("subclass_ca_cudagraphs", backend))
             for mode, backend in plan:
                 tag = f"{size}_{mode}_{backend or 'none'}"
                 workload = _bench_models.build(model, size, settings.device, tag=tag)
@@ -533,7 +539,7 @@ def _ratios(rows: list[dict[str, Any]], settings: BenchSettings) -> dict[str, li
                                          "ratio_interval": paired_ratio(row.get("samples_ms", []), plain.get("samples_ms", []))})
                 if model in _bench_models.REALISTIC:
                     compiled = index.get((model, size, "compile", backend))
-                    for mode in ("compile", "stock_ca", "subclass_ca", "subclass_ca_strict"):
+                    for mode in ("compile", "stock_ca", "subclass_ca", "subclass_ca_strict", "subclass_ca_cudagraphs"):
                         row = index.get((model, size, mode, backend))
                         if row:
                             realistic.append({

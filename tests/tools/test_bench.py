@@ -199,3 +199,23 @@ def test_bench_step_script_is_a_thin_entry_point():
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_step.py"), "--help"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "--quick" in proc.stdout and "--device" in proc.stdout
+
+
+@pytest.mark.parametrize(("device", "backends", "expected"), [
+    ("cuda", ("aot_eager", "inductor"), [("subclass_ca_cudagraphs", "inductor")]),
+    ("cpu", ("aot_eager", "inductor"), []),
+])
+def test_the_cuda_graph_row_runs_on_cuda_with_inductor_only(monkeypatch, device, backends, expected):
+    """The static CA graph replayed as a CUDA graph (mode='reduce-overhead'): a row of the GPU check's bench."""
+    monkeypatch.setattr(_bench._bench_models, "build", lambda *args, **kwargs: object())
+
+    def fake_step(workload, mode, backend, device):
+        step = lambda: None  # noqa: E731
+        step.in_one_context = lambda steps: None
+        return step
+
+    monkeypatch.setattr(_bench, "_make_step", fake_step)
+    settings = _bench.BenchSettings(models=("block_pair",), realistic_sizes=("small",), backends=backends, device=device)
+    rows = [(c.mode, c.backend) for c in _bench._configs(settings) if c.mode == "subclass_ca_cudagraphs"]
+    assert rows == expected
+    assert "subclass_ca_cudagraphs" in _bench.CA_MODES
