@@ -73,8 +73,10 @@ MODES: dict[str, str] = {
     "subclass_ca_strict": "torch.compile(forward) + subclass_ca.enable(strict=True)",
     "subclass_ca_cudagraphs": "torch.compile(forward) + subclass_ca.enable(mode='reduce-overhead'): the static CA graph "
                               "replayed as a CUDA graph (inductor on CUDA only)",
+    "subclass_ca_dynamic": "torch.compile(forward) + subclass_ca.enable(dynamic=True): every size symbolic from the first "
+                           "capture (torch's default, and ours before static-first; realistic blocks on inductor)",
 }
-CA_MODES = ("stock_ca", "subclass_ca", "subclass_ca_strict", "subclass_ca_cudagraphs")
+CA_MODES = ("stock_ca", "subclass_ca", "subclass_ca_strict", "subclass_ca_cudagraphs", "subclass_ca_dynamic")
 #: target id -> statement
 TARGETS: dict[str, str] = {
     "steady": "subclass_ca / stock CA <= 1.00 (steady state, context entered per step; every row)",
@@ -211,10 +213,11 @@ def _make_step(workload: _bench_models.Workload, mode: str, backend: str | None,
 
         def context() -> Any:
             return _compat.enable_compiled_autograd(compiler_fn)
-    elif mode in ("subclass_ca", "subclass_ca_strict", "subclass_ca_cudagraphs"):
+    elif mode in ("subclass_ca", "subclass_ca_strict", "subclass_ca_cudagraphs", "subclass_ca_dynamic"):
         # Note [Static-first CA graphs]: a fixed-shape step gets a static CA graph, which CUDA graphs can replay
         extra = {"mode": "reduce-overhead"} if mode == "subclass_ca_cudagraphs" else {}
-        ours = _api.enable(backend, strict=mode == "subclass_ca_strict", **extra)
+        ours = _api.enable(backend, strict=mode == "subclass_ca_strict", dynamic=True if mode == "subclass_ca_dynamic" else None,
+                           **extra)
 
         def context() -> Any:
             return ours
@@ -257,6 +260,8 @@ def _configs(settings: BenchSettings) -> list[_Config]:
                     plan.append(("subclass_ca_strict", backend))
                 if backend == "inductor" and settings.device.startswith("cuda"):
                     plan.append(("subclass_ca_cudagraphs", backend))
+                if backend == "inductor" and realistic:
+                    plan.append(("subclass_ca_dynamic", backend))
             for mode, backend in plan:
                 tag = f"{size}_{mode}_{backend or 'none'}"
                 workload = _bench_models.build(model, size, settings.device, tag=tag)
@@ -322,8 +327,11 @@ def _prime(settings: BenchSettings, bar: Any) -> list[dict[str, Any]]:
 
 def _primer_modes(model: str, backend: str) -> tuple[str, ...]:
     """One step per distinct kernel set: Inductor compiles the AOT backward (compile) and the CA graph (stock and
-    ours share its kernels); aot_eager has no kernels, one CA step warms the process-wide tracing state."""
-    return ("compile", "subclass_ca") if backend == "inductor" else ("subclass_ca",)
+    ours share its kernels; the all-dynamic CA graph of a realistic block has kernels of its own); aot_eager has no
+    kernels, one CA step warms the process-wide tracing state."""
+    if backend != "inductor":
+        return ("subclass_ca",)
+    return ("compile", "subclass_ca", "subclass_ca_dynamic") if model in _bench_models.REALISTIC else ("compile", "subclass_ca")
 
 
 def _time_configs(configs: list[_Config], settings: BenchSettings, bar: Any) -> None:
@@ -539,7 +547,8 @@ def _ratios(rows: list[dict[str, Any]], settings: BenchSettings) -> dict[str, li
                                          "ratio_interval": paired_ratio(row.get("samples_ms", []), plain.get("samples_ms", []))})
                 if model in _bench_models.REALISTIC:
                     compiled = index.get((model, size, "compile", backend))
-                    for mode in ("compile", "stock_ca", "subclass_ca", "subclass_ca_strict", "subclass_ca_cudagraphs"):
+                    for mode in ("compile", "stock_ca", "subclass_ca", "subclass_ca_strict", "subclass_ca_cudagraphs",
+                                 "subclass_ca_dynamic"):
                         row = index.get((model, size, mode, backend))
                         if row:
                             realistic.append({

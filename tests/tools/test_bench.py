@@ -216,6 +216,8 @@ def test_the_cuda_graph_row_runs_on_cuda_with_inductor_only(monkeypatch, device,
 
     monkeypatch.setattr(_bench, "_make_step", fake_step)
     settings = _bench.BenchSettings(models=("block_pair",), realistic_sizes=("small",), backends=backends, device=device)
-    rows = [(c.mode, c.backend) for c in _bench._configs(settings) if c.mode == "subclass_ca_cudagraphs"]
-    assert rows == expected
+    configs = _bench._configs(settings)
+    assert [(c.mode, c.backend) for c in configs if c.mode == "subclass_ca_cudagraphs"] == expected
     assert "subclass_ca_cudagraphs" in _bench.CA_MODES
+    # the all-dynamic row beside the static-first default, on inductor (Note [Static-first CA graphs])
+    assert [(c.mode, c.backend) for c in configs if c.mode == "subclass_ca_dynamic"] == [("subclass_ca_dynamic", "inductor")]
