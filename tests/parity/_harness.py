@@ -232,6 +232,9 @@ class Case:
     """Extra ``subclass_ca.enable()`` settings for the subclass_ca run only."""
     eager_exact: bool = True
     """Compare with eager bitwise (aot_eager runs eager's kernels); False: default tolerances."""
+    sizes_change: bool = False
+    """Sizes change between steps: our static-first first capture recaptures once where stock's
+    all-dynamic one does not (Note [Static-first CA graphs])."""
     marks: tuple[Any, ...] = ()
 
     def param(self) -> Any:
@@ -260,13 +263,17 @@ def assert_matches_eager(eager: Outcome, stock: Outcome, ours: Outcome, case: Ca
 
 
 def check_parity(case: Case) -> None:
-    """The parity contract: ours == stock (values bitwise, or the same exception), the same
-    number of captures, and == eager wherever stock is."""
+    """The parity contract: ours == stock (values bitwise, or the same exception), as many captures as
+    stock's all-dynamic ones or at most one recapture more per one of them (Note [Static-first CA graphs]:
+    a static first capture recaptures once when a size changes), and == eager wherever stock is."""
     stock, ours = run_both(case.scenario, backend=case.backend, fullgraph=case.fullgraph, **case.enable_kwargs)
     assert stock.reports == 0, "the stock run went through subclass_ca's compiler"
     if ours.error is None and ours.captures:
         assert ours.reports >= 1, "the subclass_ca run never reached subclass_ca's compiler"
     assert_same_outcome(stock, ours, graph_break_error=case.ours_graph_break_error)
-    assert ours.captures == stock.captures, f"captures: subclass_ca {ours.captures}, stock {stock.captures}"
+    if case.sizes_change:
+        assert stock.captures <= ours.captures <= 2 * stock.captures, f"captures: subclass_ca {ours.captures}, stock {stock.captures}"
+    else:
+        assert ours.captures == stock.captures, f"captures: subclass_ca {ours.captures}, stock {stock.captures}"
     if stock.error is None:
         assert_matches_eager(run(case.scenario, "eager"), stock, ours, case)

@@ -443,7 +443,7 @@ SCENARIOS: list[Case] = [
     Case("custom_op_compiled_forward", functools.partial(custom_op, compiled=True)),
     Case("checkpoint_reentrant", functools.partial(activation_checkpoint, use_reentrant=True)),
     Case("checkpoint_non_reentrant", functools.partial(activation_checkpoint, use_reentrant=False)),
-    Case("dynamic_batch", dynamic_batch),
+    Case("dynamic_batch", dynamic_batch, sizes_change=True),
     Case("no_grad_inside", no_grad_inside),
     # eager raises the hook's own exception; under compiled autograd Dynamo traces the hook
     # (fullgraph) and reports "Unsupported: Observed exception" instead, subclass_ca a

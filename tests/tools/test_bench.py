@@ -113,7 +113,7 @@ def test_results_md_marks_every_target_and_the_cuda_column(quick_run, results):
     text = (out / "RESULTS.md").read_text()
     for statement in _bench.TARGETS.values():
         line = next(line for line in text.splitlines() if line.startswith(f"| {statement} |"))
-        assert any(word in line for word in ("**met**", "**missed**", "not measured"))
+        assert any(word in line for word in ("**met**", "**missed**", "within noise", "not measured"))
     assert "torch " in text and "command: `python -m tools bench --quick" in text
     assert "CUDA" in text and "unmeasured" in text.lower()
     assert "machine: pytest" in text

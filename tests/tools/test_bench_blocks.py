@@ -104,7 +104,8 @@ def _synthetic(models: tuple[str, ...]) -> dict:
         for mode, ms in (("eager", 10.0), ("compile", 2.0), ("stock_ca", 4.0), ("subclass_ca", 5.0)):
             rows.append({"model": model, "size": "small", "mode": mode, "backend": None if mode == "eager" else "aot_eager",
                          "cold_ms": ms * 100, "captures": 1, "recompiles_after_warmup": 0, "cuda_peak_bytes": None,
-                         "peak_bytes": 3 * 2**20, **_bench._stats([ms, ms, ms])})
+                         "peak_bytes": 3 * 2**20, "samples_ms": [ms, ms, ms], "cold_samples_ms": [ms * 100],
+                         **_bench._stats([ms, ms, ms])})
     results = {
         "settings": {**_bench.dataclasses.asdict(settings), "command": "synthetic"}, "steps": 1, "wall_s": 0.0,
         "rows": rows, "growth": [], "memory": [], "skipped_models": {"block_nf4": "torchao NF4 is not importable (x)"},
@@ -121,12 +122,14 @@ def test_realistic_rows_get_their_own_section_and_count_in_the_steady_targets():
     results = _synthetic(("plain", "block_pair"))
     # subclass_ca (5 ms) slower than stock (4 ms): the steady target is judged on every row, realistic ones included
     assert results["verdicts"]["steady"]["detail"] == (
-        "0/2 met; missed: plain/small[aot_eager] 1.250, block_pair/small[aot_eager] 1.250")
+        "0/2 met; missed: plain/small[aot_eager] 1.250 [1.250–1.250], block_pair/small[aot_eager] 1.250 [1.250–1.250]")
+    # the realistic block is also judged against compile-only (5 ms vs 2 ms)
+    assert results["verdicts"]["vs_compile"] == {"met": False, "detail": "0/1 met; missed: block_pair/small[aot_eager] 2.500 [2.500–2.500]"}
     assert all(r["model"] != "block_pair" for r in results["ratios"]["subclass_vs_plain"])
     text = _bench.render_markdown(results)
     main, realistic = text.split("## Realistic workloads")
     assert "| block_pair |" not in main and "| plain | small | subclass_ca | aot_eager |" in main
-    assert "| block_pair | small | aot_eager | subclass_ca | 5.00 (5.00–5.00) | 500 | 3.00 MiB | 2.00x | 1.250 | 2.500 | 0 |" in realistic
+    assert "| block_pair | small | aot_eager | subclass_ca | 5.00 (5.00–5.00) | 500 | 3.00 MiB | 2.00x | 1.250 | 2.500 [2.500–2.500] | 0 |" in realistic
     assert "`block_nf4`: **skipped**: torchao NF4 is not importable (x)" in realistic
     assert "synthetic method" in realistic
 
