@@ -260,7 +260,7 @@ def _configs(settings: BenchSettings) -> list[_Config]:
                     plan.append(("subclass_ca_strict", backend))
                 if backend == "inductor" and settings.device.startswith("cuda"):
                     plan.append(("subclass_ca_cudagraphs", backend))
-                if backend == "inductor" and realistic:
+                if backend == "inductor" and realistic and settings.device == "cpu":  # the GPU check's budget: CPU only
                     plan.append(("subclass_ca_dynamic", backend))
             for mode, backend in plan:
                 tag = f"{size}_{mode}_{backend or 'none'}"

@@ -239,7 +239,7 @@ def plan(out: Path, *, wheels: Path | None = None, site: Path | None = None) -> 
              argv=(*tools, "demo", "--device", "cuda", "--quick", "--no-progress", "--out", str(work / "demo")),
              figures=lambda: _demo_figures(work / "demo" / "results.json")),
         Step(name="bench", what="transformer-block rows on CUDA (TwoTensor; NF4-LoRA with torchao): eager / compile / "
-             "stock CA / subclass_ca, inductor, and subclass_ca with the CA graph as a CUDA graph (mode='reduce-overhead')", expect_s=80, timeout_s=160,
+             "stock CA / subclass_ca, inductor, and subclass_ca with the CA graph as a CUDA graph (mode='reduce-overhead')", expect_s=100, timeout_s=180,
              argv=(*tools, "bench", "--device", "cuda", "--models", "block_pair", "block_nf4",
                    "--realistic-sizes", "medium", "--backends", "inductor", "--strict-backends", "--realistic-reps", "3",
                    "--realistic-block", "3", "--realistic-cold-reps", "1", "--warmup", "1", "--recaptures", "0",
