@@ -206,26 +206,27 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _make_step(workload: _bench_models.Workload, mode: str, backend: str | None, device: str) -> Callable[[], None]:
-    forward = workload.forward if mode == "eager" else torch.compile(workload.forward, backend=backend)
-    if mode == "stock_ca":
-        compiler_fn = _compat.stock_ca_compiler(backend)
+def mode_context(mode: str, backend: str | None, *, wrap_stock_graph: Callable[[Any], Any] | None = None) -> Callable[[], Any]:
+    """A factory of the context one step of ``mode`` runs in (one per step; see :data:`MODES`).
 
-        def context() -> Any:
-            return _compat.enable_compiled_autograd(compiler_fn)
-    elif mode in ("subclass_ca", "subclass_ca_strict", "subclass_ca_cudagraphs", "subclass_ca_dynamic"):
+    ``wrap_stock_graph``: applied to each CA graph stock compiled autograd compiles (a timer, in ``bench_breakdown``).
+    """
+    if mode == "stock_ca":
+        stock = _compat.stock_ca_compiler(backend)
+        compiler_fn = stock if wrap_stock_graph is None else (lambda graph_module: wrap_stock_graph(stock(graph_module)))
+        return lambda: _compat.enable_compiled_autograd(compiler_fn)
+    if mode in ("subclass_ca", "subclass_ca_strict", "subclass_ca_cudagraphs", "subclass_ca_dynamic"):
         # Note [Static-first CA graphs]: a fixed-shape step gets a static CA graph, which CUDA graphs can replay
         extra = {"mode": "reduce-overhead"} if mode == "subclass_ca_cudagraphs" else {}
         ours = _api.enable(backend, strict=mode == "subclass_ca_strict", dynamic=True if mode == "subclass_ca_dynamic" else None,
                            **extra)
+        return lambda: ours
+    return contextlib.nullcontext
 
-        def context() -> Any:
-            return ours
-    else:
 
-        def context() -> Any:
-            return contextlib.nullcontext()
-
+def _make_step(workload: _bench_models.Workload, mode: str, backend: str | None, device: str) -> Callable[[], None]:
+    forward = workload.forward if mode == "eager" else torch.compile(workload.forward, backend=backend)
+    context = mode_context(mode, backend)
     params, inputs = workload.params, workload.inputs
 
     def run_step() -> None:

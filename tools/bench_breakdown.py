@@ -28,11 +28,10 @@ from typing import Any
 
 import torch
 
-from subclass_ca import _compat
-from subclass_ca import api as _api
 from subclass_ca._graph import CompiledCAGraph
 
 from . import bench_models as _bench_models
+from .bench import mode_context
 from .bench_stats import paired_ratio, quartiles
 from .report import as_json as to_json
 from .report import command_of
@@ -90,23 +89,7 @@ def _clocked_ca_graphs(outer: _Clock, inner: _Clock) -> Iterator[None]:
 
 def _mode_step(workload: _bench_models.Workload, mode: str, backend: str, clock: _Clock) -> Callable[[], dict[str, float]]:
     forward = torch.compile(workload.forward, backend=backend)
-    if mode == "stock_ca":
-        stock = _compat.stock_ca_compiler(backend)
-
-        def compiler_fn(graph_module: torch.fx.GraphModule) -> Any:
-            return clock.wrap(stock(graph_module))
-
-        def context() -> Any:
-            return _compat.enable_compiled_autograd(compiler_fn)
-    elif mode == "subclass_ca":
-        ours = _api.enable(backend)
-
-        def context() -> Any:
-            return ours
-    else:
-        def context() -> Any:
-            return contextlib.nullcontext()
-
+    context = mode_context(mode, backend, wrap_stock_graph=clock.wrap)  # subclass_ca's graphs: _clocked_ca_graphs
     params, inputs = workload.params, workload.inputs
 
     def step() -> dict[str, float]:
