@@ -37,8 +37,8 @@ __all__ = ["CACompiler", "cache_token", "Settings", "settings_for"]
 # ``dynamic=True`` keeps torch's all-symbolic first capture (one capture fewer when every step has
 # a new length); ``dynamic=False`` also compiles the CA graph with ``torch.compile(dynamic=False)``,
 # so that Dynamo specialises the sizes compiled autograd made dynamic: one compile per distinct size,
-# never a symbolic kernel.  The setting is part of the cache key, so blocks of different settings
-# never share a CA graph.
+# never a symbolic kernel.  The setting is part of the cache token, so blocks of different settings
+# never share a CA graph that holds a compiled region (the token reaches torch's key through it).
 
 
 class CACompiler:
