@@ -5,17 +5,14 @@ See Note [Subclass gradients and AccumulateGrad] and Note [Gradient dtype at acc
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 
 from . import _compat
-from ._recipe import Recipe, rebuild
 from .errors import UnsupportedSubclassError
 
 __all__ = [
-    "allocation_keeps_type",
     "accumulate_subclass_grad",
     "assign_subclass_grad",
     "steal_subclass_accumulates",
@@ -28,16 +25,20 @@ __all__ = [
 # --------------------------------------------
 # Eager AccumulateGrad *steals* a fresh gradient (``param.grad = grad``) when nothing else
 # holds it and its strides match the parameter's, so a subclass-typed gradient stays
-# subclass-typed.  Under compiled autograd the gradient is a graph value that is always
-# referenced, so torch's AccumulateGrad (``call_accumulate_grad``) never steals: it
+# subclass-typed and costs no copy.  Under compiled autograd the gradient is a graph value that
+# is always referenced, so torch's AccumulateGrad (``call_accumulate_grad``) never steals: it
 # allocates with ``grad.new_empty_strided(param.size(), param.stride())`` and ``copy_``s
 # into it.  A subclass whose ``__torch_dispatch__`` answers ``new_empty_strided`` with a
-# plain tensor (it implements compute ops only) therefore ends up with a dense ``.grad``.
-# At capture we probe ``new_empty_strided`` on the rebuilt fake gradient; where it loses
-# the type, :func:`steal_subclass_accumulates` retargets that parameter's first
-# accumulation (``.grad`` was None at capture) to :func:`accumulate_subclass_grad`, which
-# steals exactly when eager does (matching strides) and defers to torch otherwise.
-# Accumulating into an existing ``.grad`` is left to torch (``grad + new``), as in eager.
+# plain tensor (it implements compute ops only) therefore ends up with a dense ``.grad``, and
+# every other one pays an allocation and a copy that eager does not.
+# :func:`steal_subclass_accumulates` retargets the first accumulation (``.grad`` was None at
+# capture) of every gradient one of our nodes rebuilds (proxy or inline mode) to
+# :func:`accumulate_subclass_grad`, which steals exactly when eager's layout rule does (matching
+# strides) and defers to torch otherwise.  The rule reads only the graph, never the capture's fake
+# values: a forward loaded from AOTAutograd's cache has none, and the CA graph captured from it
+# must be the one a fresh forward gives (Note [One CA graph for fresh and cached forwards] in
+# ``_canonical.py``).  Accumulating into an existing ``.grad`` is left to torch (``grad + new``),
+# as in eager; an opaque node's gradient keeps torch's path too.
 
 # Note [Parameters that cannot allocate]
 # --------------------------------------
@@ -55,21 +56,6 @@ __all__ = [
 # the op and the fix.
 
 _stock_accumulate: Any = None
-
-
-def allocation_keeps_type(recipe: Recipe, examples: list[Any] | None) -> bool | None:
-    """Whether ``new_empty_strided`` on the rebuilt gradient returns the subclass (None: unknown)."""
-    if examples is None or recipe.handler.mode == "opaque":
-        return None
-    try:
-        with _compat.outside_tracing():
-            fake_mode = _compat.fake_mode_of([e for e in examples if isinstance(e, torch.Tensor)])
-            with fake_mode if fake_mode is not None else contextlib.nullcontext():
-                example = rebuild(recipe, examples)
-                fresh = example.new_empty_strided(example.size(), example.stride())
-    except Exception:  # noqa: BLE001 - the subclass cannot allocate at all: torch's path decides
-        return None
-    return isinstance(fresh, recipe.subclass_type)
 
 
 def accumulate_subclass_grad(
@@ -99,7 +85,7 @@ def assign_subclass_grad(variable: torch.Tensor, grad: torch.Tensor, has_post_ho
 
 
 def steal_subclass_accumulates(graph_module: torch.fx.GraphModule) -> list[str]:
-    """Retarget first accumulations of type-losing subclass grads; returns the subclass names."""
+    """Retarget first accumulations of rebuilt subclass grads to eager's steal; returns the subclass names."""
     global _stock_accumulate
     stock = _compat.call_accumulate_grad()
     _stock_accumulate = stock
@@ -112,10 +98,8 @@ def steal_subclass_accumulates(graph_module: torch.fx.GraphModule) -> list[str]:
             continue
         _, variable_grad, grad = parts
         meta = grad.meta.get("subclass_ca") if isinstance(grad, torch.fx.Node) else None
-        # steal unless the capture *proved* that allocation keeps the type: unknown (no fake outputs to
-        # probe, e.g. after an AOTAutograd cache hit) must not fall back to torch's densifying path
         first = variable_grad is None or variable_grad is _compat.NO_GRAD_ARG
-        if first and meta is not None and meta["mode"] != "opaque" and meta.get("alloc_keeps_type") is not True:
+        if first and meta is not None and meta["mode"] != "opaque":
             node.target = assign_subclass_grad if variable_grad is _compat.NO_GRAD_ARG else accumulate_subclass_grad
             retargeted.append(grad.target._subclass_ca_type.__name__)
     if retargeted:

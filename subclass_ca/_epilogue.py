@@ -31,9 +31,8 @@ prologue closure is also reused per AOT function (``_compat.STABLE_PROLOGUES``),
 so recaptures add nothing to Dynamo's allow_in_graph set.
 
 Two cases the epilogue alone does not reach use the same recipes and named nodes (see the
-Notes below and docs/design.md): a subclass gradient whose ``new_empty_strided`` loses the
-type is stolen into ``.grad`` the way eager does (Note [Subclass gradients and
-AccumulateGrad]), and a tensor hook on a subclass intermediate is desugared to its inner
+Notes below and docs/design.md): a rebuilt subclass gradient is stolen into a ``None``
+``.grad`` the way eager does (Note [Subclass gradients and AccumulateGrad]), and a tensor hook on a subclass intermediate is desugared to its inner
 tensors for Dynamo's ``trace_wrapped`` HOP (Note [Hooks on subclass intermediates]).
 
 Note [Settings travel with the capture]
@@ -56,7 +55,6 @@ import torch
 
 from . import _compat, diagnostics
 from ._warm_start import cacheable as _cacheable
-from ._accumulate import allocation_keeps_type
 from ._nodes import graph_callable
 from ._recipe import (
     Recipe,
@@ -117,8 +115,8 @@ def _with_mode(recipe: Recipe, mode: str) -> Recipe:
     return dataclasses.replace(recipe, handler=handler, key=(recipe.key, mode))
 
 
-def _static_expectation(recipe: Recipe, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
-    """What every rebuild of ``recipe`` must produce (symbolic dims are None: not checked)."""
+def _static_expectation(recipe: Recipe, dtype: torch.dtype | None, device: torch.device | None) -> dict[str, Any]:
+    """What every rebuild of ``recipe`` must produce (symbolic dims, and a None dtype or device, are not checked)."""
     return {
         "type": recipe.subclass_type,
         "size": tuple(s if isinstance(s, int) else None for s in recipe.outer_size),
@@ -166,11 +164,12 @@ def _make_override(compiler: Any, examples: list[Any] | None, settings: Config) 
         start, count = subclass_meta.flat_tensor_start_idx, subclass_meta.arg_count
         recipe = recipe_from_meta(_compat.creation_meta(subclass_meta), start)
         recipe, metadata = _capture_metadata(recipe, _example_outputs(examples, start, count), settings)
-        if settings.strict:
-            expected = _static_expectation(recipe, metadata["dtype"], metadata["device"])
+        own_examples = _example_outputs(examples, start, count)
+        if settings.strict:  # without fake outputs dtype and device are unknown: left unchecked
+            known = own_examples is not None  # Note [One CA graph for fresh and cached forwards] (_canonical.py)
+            expected = _static_expectation(recipe, metadata["dtype"] if known else None, metadata["device"] if known else None)
             recipe = dataclasses.replace(recipe, expected=expected, key=(recipe.key, "strict"))
         recipe_id = intern(recipe)
-        own_examples = _example_outputs(examples, start, count)
         check_same_rebuild(  # Note [Metadata keys never hide a context] (_recipe.py)
             recipe_by_id(recipe_id),
             recipe,
@@ -186,10 +185,6 @@ def _make_override(compiler: Any, examples: list[Any] | None, settings: Config) 
             dummy = torch.empty_strided(size, stride, dtype=metadata["dtype"], device=metadata["device"])
         _compat.bind_dummy(compiler, dummy, proxy)
         proxy.node.meta["subclass_ca"] = {**metadata, "mode": mode, "recipe": recipe_id}
-        # Note [Subclass gradients and AccumulateGrad]: does a fresh .grad keep the type?
-        proxy.node.meta["subclass_ca"]["alloc_keeps_type"] = allocation_keeps_type(
-            recipe, _example_outputs(examples, start, count)
-        )
         diagnostics.record_subclass_node(recipe.subclass_type.__name__, mode)
         return dummy
 

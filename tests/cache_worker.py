@@ -4,7 +4,7 @@ Prints one JSON line: the cache counters of the backward alone (the CA graph's c
 the gradients as exact float lists, and eager's gradients computed in the same process.
 ``TORCHINDUCTOR_CACHE_DIR`` is set by the caller.  Settings (all optional):
 ``dtype``, ``batch``, ``subclass`` ("pair" | "tagged"), ``tag``, ``handler`` ("default" | "custom"),
-``torch_version`` / ``package`` (pretend another torch / subclass_ca build), ``load`` / ``save``
+``strict``, ``torch_version`` / ``package`` (pretend another torch / subclass_ca build), ``load`` / ``save``
 (a subclass_ca cache file read before the step / written after it; ``save: null`` completes the
 cache folder only).
 """
@@ -70,7 +70,7 @@ def main(settings: dict) -> dict:
     start = _compat.cache_counters()
     loss = step(params, wrap(x))
     before = _compat.cache_counters()
-    with subclass_ca.enable(backend="inductor"):
+    with subclass_ca.enable(backend="inductor", strict=bool(settings.get("strict"))):
         loss.backward()
     after = _compat.cache_counters()
     saved = subclass_ca.save_cache(settings["save"]) if "save" in settings else None

@@ -9,7 +9,7 @@ import pytest
 import subclass_ca
 from subclass_ca import _compat
 from subclass_ca._warm_start import files as cache
-from tests.cache_worker import run_step
+from tests.cache_worker import assert_matches_eager, run_step
 
 needs_cache_hooks = pytest.mark.skipif(
     not _compat.marked_cacheable_supported(), reason="this torch has no AOTAutogradCache allowlist"
@@ -21,17 +21,34 @@ needs_cache_hooks = pytest.mark.skipif(
 def test_a_saved_cache_warms_a_process_with_an_empty_cache_folder(tmp_path):
     """Each run ships its file to the next machine (an empty cache folder), as a job saving with its checkpoints does.
 
-    The first restart takes its forward from the file and so captures the CA graph a cached forward
-    gives, compiled once (Note [Warm start through torch's caches]); the next one finds everything.
+    The first restart takes its forward from the file, and the CA graph captured from that forward
+    is the one the cold run compiled and saved (Note [One CA graph for fresh and cached forwards]):
+    nothing compiles again, from the first restart on.
     """
     first = run_step(tmp_path / "job-1", save=str(tmp_path / "after-1.cache"))
     assert first["saved_bytes"] > 0 and first["forward_entries_written"] == 1
     second = run_step(tmp_path / "job-2", load=str(tmp_path / "after-1.cache"), save=str(tmp_path / "after-2.cache"))
     assert second["loaded"] and second["forward"]["aot_hit"] == 1, second["forward"]
+    assert second["ca"]["aot_hit"] == 1 and second["ca"]["aot_miss"] == 0 and second["ca"]["fx_miss"] == 0, second["ca"]
     third = run_step(tmp_path / "job-3", load=str(tmp_path / "after-2.cache"))
     assert third["forward"]["aot_hit"] == 1 and third["forward"]["aot_miss"] == 0, third["forward"]
     assert third["ca"]["aot_hit"] == 1 and third["ca"]["aot_miss"] == 0, third["ca"]
     assert second["grads"] == first["grads"] and third["grads"] == first["grads"]
+
+
+@pytest.mark.inductor
+@needs_cache_hooks
+def test_a_strict_restart_from_a_cached_forward_rebuilds_float64_gradients(tmp_path):
+    """A cached forward has no fake values: strict checks what it still knows instead of assuming float32 on the CPU.
+
+    Before, the restart's strict recipe expected the default dtype and refused every float64
+    gradient (UnsupportedSubclassError on the first backward of the restarted job).
+    """
+    first = run_step(tmp_path / "job-1", save=str(tmp_path / "after-1.cache"), strict=True, dtype="float64")
+    second = run_step(tmp_path / "job-2", load=str(tmp_path / "after-1.cache"), strict=True, dtype="float64")
+    assert second["forward"]["aot_hit"] == 1, second["forward"]
+    assert second["grads"] == first["grads"]
+    assert_matches_eager(second)
 
 
 @pytest.fixture

@@ -41,6 +41,8 @@ TARGETS = {
     "pair_1s": "warm first step <= 1.0 s on the TwoTensor MLP (subclass_ca with save_cache, later restarts)",
     "vs_compile": "warm first step <= 1.5x compile-only's on every row (subclass_ca with save_cache, later restarts)",
     "vs_stock": "warm first step below stock CA's on every row (subclass_ca with save_cache, later restarts)",
+    "first_restart": "first restart after save_cache(): 0 CA-graph compiles, every backward graph from AOTAutogradCache "
+                     "(subclass_ca with save_cache, every row)",
     "cold": "cold first step no worse than stock CA's on every row (subclass_ca)",
     "bitwise": "warm gradients bitwise equal to the cold run's (every mode)",
 }
@@ -244,14 +246,15 @@ def _row(key: str, entry: dict[str, Any]) -> dict[str, Any]:
     model, mode = key.split("/")
     cold, all_warm = entry["cold"], [s for s in entry["warm"] if "error" not in s]
     errors = [s["error"] for s in [cold, *entry["warm"]] if "error" in s]
-    # the first restart can still compile (a forward loaded from the cache gives another CA graph:
-    # Note [Warm start through torch's caches]); the later restarts are the steady warm state
+    # the first restart is reported apart: it is the one that once compiled the CA graphs again
+    # (Note [One CA graph for fresh and cached forwards]); the steady warm state is the later ones
     warm = all_warm[1:] or all_warm
     firsts = [s["first_step_s"] for s in warm]
     row: dict[str, Any] = {
         "model": model, "mode": mode, "errors": errors,
         "cold_first_step_s": cold.get("first_step_s"),
         "first_restart_s": all_warm[0]["first_step_s"] if all_warm else None,
+        "first_restart_backward_counters": all_warm[0]["backward_counters"] if all_warm else {},
         "save_s": cold.get("save_s"),
         "warm_first_step_s": _median(firsts),
         "warm_spread_s": [round(min(firsts), 3), round(max(firsts), 3)] if firsts else None,
@@ -299,6 +302,12 @@ def _verdicts(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out["vs_compile"] = against("compile", "warm_first_step_s", lambda a, b: a <= 1.5 * b,
                                 "{model}: {ours:.2f} s vs {other:.2f} s ({ratio:.2f}x)")
     out["vs_stock"] = against("stock_ca", "warm_first_step_s", lambda a, b: a < b, "{model}: {ours:.2f} s vs {other:.2f} s")
+    saved = [r for r in rows if r["mode"] == "subclass_ca_saved" and r.get("first_restart_backward_counters")]
+    compiled = {r["model"]: r["first_restart_backward_counters"] for r in saved
+                if r["first_restart_backward_counters"].get("aot_miss") or r["first_restart_backward_counters"].get("aot_bypass")}
+    out["first_restart"] = verdict(None, "no subclass_ca_saved rows") if not saved else verdict(
+        not compiled, "; ".join(f"{m}: {c.get('aot_miss')} miss, {c.get('aot_bypass')} bypass" for m, c in compiled.items())
+        or "; ".join(f"{r['model']}: {r['first_restart_backward_counters'].get('aot_hit')} hit, 0 miss" for r in saved))
     ours = [r for r in rows if r["mode"] == "subclass_ca" and r["cold_first_step_s"] is not None]
     out["cold"] = against("stock_ca", "cold_first_step_s", lambda a, b: a <= b, "{model}: {ours:.2f} s vs {other:.2f} s")
     out["bitwise"] = verdict(all(r["bitwise"] for r in rows), ", ".join(f"{r['model']}/{r['mode']}" for r in rows if not r["bitwise"])

@@ -35,9 +35,9 @@ again.  Compiling that backward at capture would make every cold start pay one m
 instead each captured AOT function is remembered (weakly), and ``save_cache()`` compiles the
 backwards still pending, which writes their forwards' entries: a job that asks for a warm
 start pays that once, in the run that saves.  A forward loaded from the cache hands compiled autograd
-its backward as torch serialized it (other node names) and without the fake values our capture
-probes (so accumulation takes the conservative path), so its CA graph is another entry: the
-first restart after ``save_cache()`` compiles it once, the later ones find both.
+its backward as torch serialized it (other node names, no fake values); the CA graph captured
+from it is nonetheless the cold run's, name for name (Note [One CA graph for fresh and cached
+forwards] in ``_canonical.py``), so the first restart after ``save_cache()`` finds it.
 
 Anything without a stable description (an object known only by its address, a tensor's
 values) gets this process's nonce in its key: the entry is written and reused in-process but

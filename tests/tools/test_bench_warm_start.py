@@ -31,6 +31,14 @@ def test_verdicts_compare_subclass_ca_with_compile_only_and_stock_in_the_same_ru
     verdicts = ws._verdicts(rows)
     assert verdicts["vs_compile"]["met"] and verdicts["vs_stock"]["met"] and verdicts["cold"]["met"]
     assert verdicts["pair_1s"]["met"] is False and "1.20 s" in verdicts["pair_1s"]["detail"]
+    assert verdicts["first_restart"]["met"] and "pair: 1 hit" in verdicts["first_restart"]["detail"]
+
+
+def test_a_first_restart_that_compiles_a_ca_graph_misses_its_target_naming_the_row():
+    row = ws._row("pair/subclass_ca_saved", {"cold": _sample(5.0, hit=0, mode="subclass_ca_saved"),
+                                             "warm": [_sample(3.0, hit=0, mode="subclass_ca_saved"), _sample(1.0, mode="subclass_ca_saved")]})
+    verdict = ws._verdicts([row])["first_restart"]
+    assert verdict["met"] is False and verdict["detail"] == "pair: 1 miss, 0 bypass"
 
 
 def test_a_failed_sample_is_a_row_error_not_a_figure():
