@@ -16,7 +16,6 @@ import torch
 
 from . import _compat, diagnostics
 from ._accumulate import steal_subclass_accumulates
-from ._canonical import canonical_names
 from ._graph import CompiledCAGraph
 from ._nodes import subclass_nodes
 from .config import Config, cache_key
@@ -72,8 +71,6 @@ class CACompiler:
 
     def _capture(self, graph_module: torch.fx.GraphModule) -> Any:
         steal_subclass_accumulates(graph_module)  # Note [Subclass gradients and AccumulateGrad]
-        if not self._raw:  # the graph a caller's compiler sees keeps torch's names
-            canonical_names(graph_module)  # Note [One CA graph for fresh and cached forwards]
         nodes = subclass_nodes(graph_module.graph)
         config = self.subclass_ca_config
         fullgraph = config.fullgraph and not any(node.target._subclass_ca_mode == "opaque" for node in nodes)

@@ -166,7 +166,7 @@ def _make_override(compiler: Any, examples: list[Any] | None, settings: Config) 
         recipe, metadata = _capture_metadata(recipe, _example_outputs(examples, start, count), settings)
         own_examples = _example_outputs(examples, start, count)
         if settings.strict:  # without fake outputs dtype and device are unknown: left unchecked
-            known = own_examples is not None  # Note [One CA graph for fresh and cached forwards] (_canonical.py)
+            known = own_examples is not None  # a cached forward's backward has none (docs/warm_start.md)
             expected = _static_expectation(recipe, metadata["dtype"] if known else None, metadata["device"] if known else None)
             recipe = dataclasses.replace(recipe, expected=expected, key=(recipe.key, "strict"))
         recipe_id = intern(recipe)
@@ -210,8 +210,9 @@ def _proxy_aot_backward_with_epilogue(compiler: Any, ctx: Any, call_original: An
     diagnostics.record_aot_backward()
     _cacheable.remember_forward(ctx)
     if not _compat.has_subclass_grads(ctx):
-        return call_original()
-    examples = _compat.backward_output_examples(ctx)
+        with _compat.CACHED_FORM_BACKWARDS.applied():  # Note [AOT backwards in their cached form]
+            return call_original()
+    examples = _compat.backward_output_examples(ctx)  # from the graph AOTAutograd traced, before the round trip
     override = _make_override(compiler, examples, settings)
-    with _compat.swapped_epilogue(ctx, override):
+    with _compat.swapped_epilogue(ctx, override), _compat.CACHED_FORM_BACKWARDS.applied():
         return call_original()

@@ -4,6 +4,7 @@ Prints one JSON line: the cache counters of the backward alone (the CA graph's c
 the gradients as exact float lists, and eager's gradients computed in the same process.
 ``TORCHINDUCTOR_CACHE_DIR`` is set by the caller.  Settings (all optional):
 ``dtype``, ``batch``, ``subclass`` ("pair" | "tagged"), ``tag``, ``handler`` ("default" | "custom"),
+``activation`` ("tanh" | "relu": relu's backward holds a call without tensor inputs, ``full([], 0.0)``),
 ``strict``, ``torch_version`` / ``package`` (pretend another torch / subclass_ca build), ``load`` / ``save``
 (a subclass_ca cache file read before the step / written after it; ``save: null`` completes the
 cache folder only).
@@ -57,10 +58,12 @@ def main(settings: dict) -> dict:
     else:
         wrap = lambda t: TaggedTensor(t.clone(), settings.get("tag", "a"))  # noqa: E731
 
+    activation = getattr(torch, settings.get("activation", "tanh"))
+
     def forward(params, inputs):
         h = inputs
         for w in params:
-            h = (h @ w).tanh()
+            h = activation(h @ w)
         return h.sum()
 
     eager = [torch.nn.Parameter(wrap(t)) for t in dense]

@@ -22,15 +22,15 @@ def test_a_saved_cache_warms_a_process_with_an_empty_cache_folder(tmp_path):
     """Each run ships its file to the next machine (an empty cache folder), as a job saving with its checkpoints does.
 
     The first restart takes its forward from the file, and the CA graph captured from that forward
-    is the one the cold run compiled and saved (Note [One CA graph for fresh and cached forwards]):
+    is the one the cold run compiled and saved (Note [AOT backwards in their cached form]):
     nothing compiles again, from the first restart on.
     """
-    first = run_step(tmp_path / "job-1", save=str(tmp_path / "after-1.cache"))
+    first = run_step(tmp_path / "job-1", save=str(tmp_path / "after-1.cache"), activation="relu")
     assert first["saved_bytes"] > 0 and first["forward_entries_written"] == 1
-    second = run_step(tmp_path / "job-2", load=str(tmp_path / "after-1.cache"), save=str(tmp_path / "after-2.cache"))
+    second = run_step(tmp_path / "job-2", load=str(tmp_path / "after-1.cache"), save=str(tmp_path / "after-2.cache"), activation="relu")
     assert second["loaded"] and second["forward"]["aot_hit"] == 1, second["forward"]
     assert second["ca"]["aot_hit"] == 1 and second["ca"]["aot_miss"] == 0 and second["ca"]["fx_miss"] == 0, second["ca"]
-    third = run_step(tmp_path / "job-3", load=str(tmp_path / "after-2.cache"))
+    third = run_step(tmp_path / "job-3", load=str(tmp_path / "after-2.cache"), activation="relu")
     assert third["forward"]["aot_hit"] == 1 and third["forward"]["aot_miss"] == 0, third["forward"]
     assert third["ca"]["aot_hit"] == 1 and third["ca"]["aot_miss"] == 0, third["ca"]
     assert second["grads"] == first["grads"] and third["grads"] == first["grads"]
