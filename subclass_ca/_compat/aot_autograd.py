@@ -290,7 +290,9 @@ while one of our AOT-backward proxies runs.
 # the same values, with one exception torch's cache also has: a call that draws random numbers
 # (``torch.rand(4)`` in a custom backward) or whose result is later written in place would be
 # frozen into a constant.  Such a backward is pasted as traced (``_round_trip_keeps_values``): its
-# CA graph misses the cache on the first restart rather than change what it computes.  Which
+# CA graph misses the cache on the first restart rather than change what it computes.  So is one
+# the round trip cannot rebuild (a graph calling a local function, as a hook's ``trace_wrapped``
+# does), which torch cannot store either.  Which
 # names and constants a round trip gives is torch's, and it is the same code on both sides, so
 # the rule holds for every torch that has the cache.
 
@@ -329,6 +331,16 @@ def _writes_in_place(node: torch.fx.Node) -> bool:
     return node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or bool(schema and schema.is_mutable)
 
 
+def _cached_form(bw_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``bw_module`` as a cache hit would give it, or as traced where that is unsafe or impossible."""
+    if not _round_trip_keeps_values(bw_module):
+        return bw_module
+    try:
+        return as_cache_stores(bw_module)
+    except Exception:  # noqa: BLE001 - e.g. a local function in the graph (a hook's trace_wrapped): torch cannot store it either
+        return bw_module
+
+
 def _cached_form_extract(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     fresh_info = lookup(_FRESH_BACKWARD_INFO)
 
@@ -339,8 +351,7 @@ def _cached_form_extract(original: Callable[[Any], Any]) -> Callable[[Any], Any]
         with _cached_forms_lock:
             found = _cached_forms.get(compiled_function)
             if found is None or found[0] is not module:
-                form = as_cache_stores(module) if _round_trip_keeps_values(module) else module
-                found = _cached_forms[compiled_function] = (module, form)
+                found = _cached_forms[compiled_function] = (module, _cached_form(module))
         return found[1]
 
     return extract_bw_module
