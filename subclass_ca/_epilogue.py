@@ -32,8 +32,9 @@ so recaptures add nothing to Dynamo's allow_in_graph set.
 
 Two cases the epilogue alone does not reach use the same recipes and named nodes (see the
 Notes below and docs/design.md): a rebuilt subclass gradient is stolen into a ``None``
-``.grad`` the way eager does (Note [Subclass gradients and AccumulateGrad]), and a tensor hook on a subclass intermediate is desugared to its inner
-tensors for Dynamo's ``trace_wrapped`` HOP (Note [Hooks on subclass intermediates]).
+``.grad`` the way eager does (Note [Subclass gradients and AccumulateGrad]), and a tensor
+hook on a subclass intermediate is desugared to its inner tensors for Dynamo's
+``trace_wrapped`` HOP (Note [Hooks on subclass intermediates]).
 
 Note [Settings travel with the capture]
 ---------------------------------------
@@ -163,8 +164,8 @@ def _make_override(compiler: Any, examples: list[Any] | None, settings: Config) 
     def make_subclass(subclass_meta: Any, is_runtime: bool, unwrapped_args: Sequence[Any]) -> torch.Tensor:
         start, count = subclass_meta.flat_tensor_start_idx, subclass_meta.arg_count
         recipe = recipe_from_meta(_compat.creation_meta(subclass_meta), start)
-        recipe, metadata = _capture_metadata(recipe, _example_outputs(examples, start, count), settings)
         own_examples = _example_outputs(examples, start, count)
+        recipe, metadata = _capture_metadata(recipe, own_examples, settings)
         if settings.strict:  # without fake outputs dtype and device are unknown: left unchecked
             known = own_examples is not None  # a cached forward's backward has none (docs/warm_start.md)
             expected = _static_expectation(recipe, metadata["dtype"] if known else None, metadata["device"] if known else None)

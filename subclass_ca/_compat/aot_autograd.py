@@ -288,13 +288,14 @@ while one of our AOT-backward proxies runs.
 # AOT function, kept with it); a backward that already comes from the cache is left as it is.
 # The round trip is what a cache hit would run on this very graph, so the pasted graph computes
 # the same values, with one exception torch's cache also has: a call that draws random numbers
-# (``torch.rand(4)`` in a custom backward) or whose result is later written in place would be
-# frozen into a constant.  Such a backward is pasted as traced (``_round_trip_keeps_values``): its
-# CA graph misses the cache on the first restart rather than change what it computes.  So is one
-# the round trip cannot rebuild (a graph calling a local function, as a hook's ``trace_wrapped``
-# does), which torch cannot store either.  Which
-# names and constants a round trip gives is torch's, and it is the same code on both sides, so
-# the rule holds for every torch that has the cache.
+# (``torch.rand(4)`` in a custom backward), or whose result is later written in place or returned
+# as it is (it could become a ``.grad`` that accumulates in place), would be frozen into one
+# constant shared by every step.  Such a backward is pasted as traced
+# (``_round_trip_keeps_values``): its CA graph misses the cache on the first restart rather than
+# change what it computes.  So is one the round trip cannot rebuild (a graph calling a local
+# function, as a hook's ``trace_wrapped`` does), which torch cannot store either.  Which names and
+# constants a round trip gives is torch's, and it is the same code on both sides, so the rule
+# holds for every torch that has the cache.
 
 _cached_forms: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
 _cached_forms_lock = threading.Lock()
@@ -309,7 +310,7 @@ def as_cache_stores(bw_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 def _round_trip_keeps_values(bw_module: torch.fx.GraphModule) -> bool:
-    """False where the round trip would freeze a random draw or a buffer written in place (see the Note)."""
+    """False where the round trip would freeze a random draw, or a buffer written in place or returned (see the Note)."""
     for node in bw_module.graph.nodes:
         if node.op != "call_function" or _reads_a_node(node):
             continue
