@@ -36,8 +36,8 @@ __all__ = [
 # :func:`accumulate_subclass_grad`, which steals exactly when eager's layout rule does (matching
 # strides) and defers to torch otherwise.  The rule reads only the graph, never the capture's fake
 # values: a forward loaded from AOTAutograd's cache has none, and the CA graph captured from it
-# must be the one a fresh forward gives (Note [AOT backwards in their cached form] in
-# ``_compat/aot_autograd.py``).  Accumulating into an existing ``.grad`` is left to torch (``grad + new``),
+# must be the one a fresh forward gives (Note [One CA graph for fresh and cached forwards] in
+# ``_canonical.py``).  Accumulating into an existing ``.grad`` is left to torch (``grad + new``),
 # as in eager; an opaque node's gradient keeps torch's path too.
 
 # Note [Parameters that cannot allocate]

@@ -16,6 +16,7 @@ import torch
 
 from . import _compat, diagnostics
 from ._accumulate import steal_subclass_accumulates
+from ._canonical import canonical_form
 from ._graph import CompiledCAGraph
 from ._nodes import subclass_nodes
 from .config import Config, cache_key
@@ -71,6 +72,8 @@ class CACompiler:
 
     def _capture(self, graph_module: torch.fx.GraphModule) -> Any:
         steal_subclass_accumulates(graph_module)  # Note [Subclass gradients and AccumulateGrad]
+        if not self._raw:  # a caller's own compiler sees the graph as torch gave it
+            canonical_form(graph_module)  # Note [One CA graph for fresh and cached forwards]
         nodes = subclass_nodes(graph_module.graph)
         config = self.subclass_ca_config
         fullgraph = config.fullgraph and not any(node.target._subclass_ca_mode == "opaque" for node in nodes)

@@ -211,9 +211,8 @@ def _proxy_aot_backward_with_epilogue(compiler: Any, ctx: Any, call_original: An
     diagnostics.record_aot_backward()
     _cacheable.remember_forward(ctx)
     if not _compat.has_subclass_grads(ctx):
-        with _compat.CACHED_FORM_BACKWARDS.applied():  # Note [AOT backwards in their cached form]
-            return call_original()
-    examples = _compat.backward_output_examples(ctx)  # from the graph AOTAutograd traced, before the round trip
+        return call_original()
+    examples = _compat.backward_output_examples(ctx)
     override = _make_override(compiler, examples, settings)
-    with _compat.swapped_epilogue(ctx, override), _compat.CACHED_FORM_BACKWARDS.applied():
+    with _compat.swapped_epilogue(ctx, override):
         return call_original()

@@ -22,7 +22,7 @@ def test_a_saved_cache_warms_a_process_with_an_empty_cache_folder(tmp_path):
     """Each run ships its file to the next machine (an empty cache folder), as a job saving with its checkpoints does.
 
     The first restart takes its forward from the file, and the CA graph captured from that forward
-    is the one the cold run compiled and saved (Note [AOT backwards in their cached form]):
+    is the one the cold run compiled and saved (Note [One CA graph for fresh and cached forwards]):
     nothing compiles again, from the first restart on.
     """
     first = run_step(tmp_path / "job-1", save=str(tmp_path / "after-1.cache"), activation="relu")

@@ -247,7 +247,7 @@ def _row(key: str, entry: dict[str, Any]) -> dict[str, Any]:
     cold, all_warm = entry["cold"], [s for s in entry["warm"] if "error" not in s]
     errors = [s["error"] for s in [cold, *entry["warm"]] if "error" in s]
     # the first restart is reported apart: it is the one that once compiled the CA graphs again
-    # (Note [AOT backwards in their cached form]); the steady warm state is the later ones
+    # (Note [One CA graph for fresh and cached forwards]); the steady warm state is the later ones
     warm = all_warm[1:] or all_warm
     firsts = [s["first_step_s"] for s in warm]
     row: dict[str, Any] = {

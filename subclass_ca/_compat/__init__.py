@@ -42,7 +42,6 @@ from .aot_autograd import (
     MODULE_EPILOGUE,
     SCHEMAS,
     STABLE_PROLOGUES,
-    CACHED_FORM_BACKWARDS,
     swapped_epilogue,
 )
 from .caches import (
@@ -84,11 +83,13 @@ from .compiled_autograd import (
     compiler_fn_of,
     COMPILER_INSTANCE,
     deactivate,
+    empty_graph_like,
     enable_compiled_autograd,
     fast_activation_supported,
     hook_calls,
     HOOK_CALLS,
     is_stock_make_subclass,
+    pasted_aot_prefix,
     reset_compiled_autograd,
     static_size_args,
     stock_ca_compiler,

@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import dataclasses
-import importlib
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,7 +29,6 @@ __all__ = [
     "EPILOGUES",
     "MODULE_EPILOGUE",
     "STABLE_PROLOGUES",
-    "CACHED_FORM_BACKWARDS",
 ]
 
 SCHEMAS = "torch._functorch._aot_autograd.schemas"
@@ -272,95 +269,3 @@ the AOT function's constant ``_bw_prologue_fn``, so the first one is reused.  Ac
 while one of our AOT-backward proxies runs.
 """
 
-
-# Note [AOT backwards in their cached form]
-# -----------------------------------------
-# Compiled autograd pastes an AOT function's backward graph into its CA graph
-# (``extract_bw_module``).  A function compiled in this process gives the graph AOTAutograd traced;
-# one loaded from AOTAutogradCache gives the graph torch *stored*: ``GraphModule.__reduce__`` at
-# save time, rebuilt on load by executing its code under FX's symbolic tracer.  That rebuild is
-# not the identity: its nodes are named after their overloads (``mul_tensor_1`` for ``mul_1``), and
-# every call with no tensor input (``aten.full([], 0.0)``) runs at trace time and becomes a tensor
-# constant (``_tensor_constant0``).  So the two CA graphs differed, and each was compiled: the
-# first restart after ``save_cache()`` missed every CA graph holding such a backward.  While one
-# of our AOT-backward proxies runs, ``extract_bw_module`` hands compiled autograd a freshly traced
-# backward in the form torch's cache would store it (the same ``__reduce__`` round trip, once per
-# AOT function, kept with it); a backward that already comes from the cache is left as it is.
-# The round trip is what a cache hit would run on this very graph, so the pasted graph computes
-# the same values, with one exception torch's cache also has: a call that draws random numbers
-# (``torch.rand(4)`` in a custom backward), or whose result is later written in place or returned
-# as it is (it could become a ``.grad`` that accumulates in place), would be frozen into one
-# constant shared by every step.  Such a backward is pasted as traced
-# (``_round_trip_keeps_values``): its CA graph misses the cache on the first restart rather than
-# change what it computes.  So is one the round trip cannot rebuild (a graph calling a local
-# function, as a hook's ``trace_wrapped`` does), which torch cannot store either.  Which names and
-# constants a round trip gives is torch's, and it is the same code on both sides, so the rule
-# holds for every torch that has the cache.
-
-_cached_forms: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
-_cached_forms_lock = threading.Lock()
-_FRESH_BACKWARD_INFO = RUNTIME_WRAPPERS + ":AutogradLazyBackwardCompileInfo"
-
-
-def as_cache_stores(bw_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """The backward graph a cache hit would give for ``bw_module`` (Note [AOT backwards in their cached form])."""
-    with outside_tracing():  # as torch loads it: real constants, never compiled autograd's fakes
-        rebuild, args = bw_module.__reduce__()
-        return rebuild(*args)
-
-
-def _round_trip_keeps_values(bw_module: torch.fx.GraphModule) -> bool:
-    """False where the round trip would freeze a random draw, or a buffer written in place or returned (see the Note)."""
-    for node in bw_module.graph.nodes:
-        if node.op != "call_function" or _reads_a_node(node):
-            continue
-        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
-            return False
-        if any(_writes_in_place(user) for user in node.users):
-            return False
-    return True
-
-
-def _reads_a_node(node: torch.fx.Node) -> bool:
-    found: list[torch.fx.Node] = []
-    torch.fx.map_arg((node.args, node.kwargs), found.append)
-    return bool(found)
-
-
-def _writes_in_place(node: torch.fx.Node) -> bool:
-    schema = getattr(node.target, "_schema", None)
-    return node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or bool(schema and schema.is_mutable)
-
-
-def _cached_form(bw_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``bw_module`` as a cache hit would give it, or as traced where that is unsafe or impossible."""
-    if not _round_trip_keeps_values(bw_module):
-        return bw_module
-    try:
-        return as_cache_stores(bw_module)
-    except Exception:  # noqa: BLE001 - e.g. a local function in the graph (a hook's trace_wrapped): torch cannot store it either
-        return bw_module
-
-
-def _cached_form_extract(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    fresh_info = lookup(_FRESH_BACKWARD_INFO)
-
-    def extract_bw_module(compiled_function: Any) -> Any:
-        module = original(compiled_function)
-        if not isinstance(getattr(compiled_function, "_lazy_backward_info", None), fresh_info):
-            return module  # loaded from the cache: already in that form
-        with _cached_forms_lock:
-            found = _cached_forms.get(compiled_function)
-            if found is None or found[0] is not module:
-                found = _cached_forms[compiled_function] = (module, _cached_form(module))
-        return found[1]
-
-    return extract_bw_module
-
-
-CACHED_FORM_BACKWARDS = PatchSet(
-    "AOT backwards in their cached form",
-    lambda: [AttributeSwap(lambda: importlib.import_module(BW_MODULE_EXTRACTION.split(":")[0]), "extract_bw_module",
-                           _cached_form_extract, own_only=False)],
-)
-"""Acquired while one of our AOT-backward proxies pastes a backward (Note [AOT backwards in their cached form])."""

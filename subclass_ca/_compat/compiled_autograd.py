@@ -6,6 +6,7 @@ import functools
 import hashlib
 import importlib
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,8 @@ __all__ = [
     "hook_calls",
     "HOOK_CALLS",
     "static_size_args",
+    "pasted_aot_prefix",
+    "empty_graph_like",
 ]
 
 CA_MODULE = "torch._dynamo.compiled_autograd"
@@ -295,6 +298,28 @@ def stock_ca_compiler(backend: Any, **compile_kwargs: Any) -> Callable[..., Any]
 def is_stock_make_subclass(target: Any) -> bool:
     """True for the anonymous ``make_subclass`` closure stock CA emits per epilogue call."""
     return getattr(target, "__name__", None) == "make_subclass" and getattr(target, "__module__", None) == CA_MODULE
+
+
+_PASTED_AOT_NODE = re.compile(r"^(aot\d+(?:_\d+)?_)[A-Za-z_]")
+"""How ``proxy_call_aot_backward`` names the nodes it pastes from an AOT backward graph
+(``make_unique``: ``aot<aot id>[_<repeat>]_<node name>``, the same on torch 2.11-2.15)."""
+
+
+def pasted_aot_prefix(name: str) -> str | None:
+    """The ``aot<id>_`` prefix of a node compiled autograd pasted from an AOT backward (None: not pasted)."""
+    match = _PASTED_AOT_NODE.match(name)
+    return match.group(1) if match else None
+
+
+def empty_graph_like(graph: torch.fx.Graph, owner: torch.fx.GraphModule) -> torch.fx.Graph:
+    """An empty FX graph owned by ``owner`` that generates code the way ``graph`` does (its codegen and tracer class)."""
+    empty = torch.fx.Graph(
+        owning_module=owner, tracer_cls=getattr(graph, "_tracer_cls", None), tracer_extras=getattr(graph, "_tracer_extras", None)
+    )
+    codegen = getattr(graph, "_codegen", None)
+    if codegen is not None:
+        empty.set_codegen(codegen)
+    return empty
 
 
 def compiler_fn_of(compiler: Any) -> Any:

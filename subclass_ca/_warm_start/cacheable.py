@@ -35,9 +35,9 @@ again.  Compiling that backward at capture would make every cold start pay one m
 instead each captured AOT function is remembered (weakly), and ``save_cache()`` compiles the
 backwards still pending, which writes their forwards' entries: a job that asks for a warm
 start pays that once, in the run that saves.  A forward loaded from the cache hands compiled autograd
-its backward as torch serialized it (other node names, constants, no fake values); our captures
-paste every fresh backward in that same form and take no decision from fake values, so the CA
-graph is the cold run's (Note [AOT backwards in their cached form] in ``_compat/aot_autograd.py``)
+its backward as torch serialized it (other node names, constants, no fake values); the CA graph
+is rewritten into one form both give, and nothing in it is decided from fake values, so it is the
+cold run's (Note [One CA graph for fresh and cached forwards] in ``_canonical.py``)
 and the first restart after ``save_cache()`` finds it.
 
 Anything without a stable description (an object known only by its address, a tensor's

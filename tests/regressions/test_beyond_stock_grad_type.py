@@ -127,8 +127,8 @@ def test_stock_compiled_autograd_densifies_the_grad():
 def test_subclass_with_type_preserving_allocation_is_stolen_too_without_a_copy():
     """TwoTensor's new_empty_strided keeps the type, but eager still steals: so do we, whatever the allocation does.
 
-    The rule reads only the graph, never fake values a cached forward lacks (Note [AOT backwards
-    in their cached form]): ``.grad`` is the rebuilt gradient itself, bitwise eager's.
+    The rule reads only the graph, never fake values a cached forward lacks (Note [One CA graph for
+    fresh and cached forwards]): ``.grad`` is the rebuilt gradient itself, bitwise eager's.
     """
     two_tensor = _compat.two_tensor_type()
     if two_tensor is None:
