@@ -72,7 +72,7 @@ def _foldable(node: torch.fx.Node) -> bool:
     """A pasted call the cache's rebuild would have turned into a constant, and that may be one (rule 1)."""
     if node.op != "call_function" or _compat.pasted_aot_prefix(node.name) is None or _reads_a_node(node):
         return False
-    if not isinstance(node.target, torch._ops.OpOverload):
+    if not _compat.is_op_overload(node.target):
         return False
     if torch.Tag.nondeterministic_seeded in node.target.tags:
         return False

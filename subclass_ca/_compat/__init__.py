@@ -84,6 +84,7 @@ from .compiled_autograd import (
     COMPILER_INSTANCE,
     deactivate,
     empty_graph_like,
+    is_op_overload,
     enable_compiled_autograd,
     fast_activation_supported,
     hook_calls,

@@ -46,6 +46,7 @@ __all__ = [
     "static_size_args",
     "pasted_aot_prefix",
     "empty_graph_like",
+    "is_op_overload",
 ]
 
 CA_MODULE = "torch._dynamo.compiled_autograd"
@@ -309,6 +310,11 @@ def pasted_aot_prefix(name: str) -> str | None:
     """The ``aot<id>_`` prefix of a node compiled autograd pasted from an AOT backward (None: not pasted)."""
     match = _PASTED_AOT_NODE.match(name)
     return match.group(1) if match else None
+
+
+def is_op_overload(target: Any) -> bool:
+    """A node target that is one overload of a torch operator (``aten.mul.Tensor``)."""
+    return isinstance(target, torch._ops.OpOverload)
 
 
 def empty_graph_like(graph: torch.fx.Graph, owner: torch.fx.GraphModule) -> torch.fx.Graph:
