@@ -7,7 +7,6 @@ import torch
 
 from subclass_ca.testing import SCENARIOS, check_subclass
 from subclass_ca.testing.specs import DTENSOR_KNOWN_FAILURES, dtensor_spec
-from tests.helpers import KNOWN_ON_TORCH_BEFORE_2_13
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +30,6 @@ def one_rank_mesh():
             dist.destroy_process_group()
 
 
-@pytest.mark.xfail(
-    KNOWN_ON_TORCH_BEFORE_2_13,
-    reason="torch 2.11/2.12: a DTensor parameter's .grad placement after a placement change is Replicate under "
-    "compiled autograd where eager gives Partial(sum) (stock CA alike); the kit reports it",
-    strict=True,
-)
 def test_dtensor_passes_the_battery_except_its_documented_torch_limitation(one_rank_mesh):
     report = check_subclass(dtensor_spec(one_rank_mesh), name="DTensor")
     report.raise_for_failures()
