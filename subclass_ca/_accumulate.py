@@ -34,7 +34,8 @@ __all__ = [
 # :func:`steal_subclass_accumulates` retargets the first accumulation (``.grad`` was None at
 # capture) of every gradient one of our nodes rebuilds (proxy or inline mode) to
 # :func:`accumulate_subclass_grad`, which steals exactly when eager's layout rule does (matching
-# strides) and defers to torch otherwise.  The rule reads only the graph, never the capture's fake
+# strides; a detached alias, as eager's ``new_grad.detach()``: torch 2.15 cannot fakeify the graph
+# output itself as the next capture's ``.grad``) and defers to torch otherwise.  The rule reads only the graph, never the capture's fake
 # values: a forward loaded from AOTAutograd's cache has none, and the CA graph captured from it
 # must be the one a fresh forward gives (Note [One CA graph for fresh and cached forwards] in
 # ``_canonical.py``).  Accumulating into an existing ``.grad`` is left to torch (``grad + new``),
@@ -66,7 +67,7 @@ def accumulate_subclass_grad(
     See Note [Subclass gradients and AccumulateGrad]; Dynamo inlines this function.
     """
     if variable_grad is None and grad.stride() == variable.stride():
-        variable.grad = grad
+        variable.grad = grad.detach()
         return grad
     return _stock_accumulate(variable, variable_grad, grad, has_post_hooks)
 
@@ -79,7 +80,7 @@ def assign_subclass_grad(variable: torch.Tensor, grad: torch.Tensor, has_post_ho
     accumulation" is decided here, as eager decides it.
     """
     if variable.grad is None and grad.stride() == variable.stride():
-        variable.grad = grad
+        variable.grad = grad.detach()
         return None
     return _stock_accumulate(variable, grad, has_post_hooks)
 
