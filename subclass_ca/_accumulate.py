@@ -35,8 +35,8 @@ __all__ = [
 # capture) of every gradient one of our nodes rebuilds (proxy or inline mode) to
 # :func:`accumulate_subclass_grad`, which steals exactly when eager's layout rule does (matching
 # strides; a detached alias, as eager's ``new_grad.detach()``: torch 2.15 cannot fakeify the graph
-# output itself as the next capture's ``.grad``) and defers to torch otherwise.  The rule reads only the graph, never the capture's fake
-# values: a forward loaded from AOTAutograd's cache has none, and the CA graph captured from it
+# output itself as the next capture's ``.grad``) and defers to torch otherwise.  The rule reads
+# only the graph, never the capture's fake values: a forward loaded from AOTAutograd's cache has none, and the CA graph captured from it
 # must be the one a fresh forward gives (Note [One CA graph for fresh and cached forwards] in
 # ``_canonical.py``).  Accumulating into an existing ``.grad`` is left to torch (``grad + new``),
 # as in eager; an opaque node's gradient keeps torch's path too.

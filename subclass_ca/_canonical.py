@@ -64,8 +64,7 @@ def _reads_a_node(node: torch.fx.Node) -> bool:
 
 
 def _writes_or_returns(user: torch.fx.Node) -> bool:
-    schema = getattr(user.target, "_schema", None)
-    return user.op != "call_function" or schema is None or schema.is_mutable
+    return user.op != "call_function" or _compat.mutates_an_argument(user.target)
 
 
 def _foldable(node: torch.fx.Node) -> bool:

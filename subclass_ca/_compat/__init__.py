@@ -85,6 +85,7 @@ from .compiled_autograd import (
     deactivate,
     empty_graph_like,
     is_op_overload,
+    mutates_an_argument,
     enable_compiled_autograd,
     fast_activation_supported,
     hook_calls,

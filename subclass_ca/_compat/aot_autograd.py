@@ -268,4 +268,3 @@ capture, growing Dynamo's allowed-callable id set forever.  The closure only clo
 the AOT function's constant ``_bw_prologue_fn``, so the first one is reused.  Acquired only
 while one of our AOT-backward proxies runs.
 """
-

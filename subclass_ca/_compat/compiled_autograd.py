@@ -47,6 +47,7 @@ __all__ = [
     "pasted_aot_prefix",
     "empty_graph_like",
     "is_op_overload",
+    "mutates_an_argument",
 ]
 
 CA_MODULE = "torch._dynamo.compiled_autograd"
@@ -315,6 +316,12 @@ def pasted_aot_prefix(name: str) -> str | None:
 def is_op_overload(target: Any) -> bool:
     """A node target that is one overload of a torch operator (``aten.mul.Tensor``)."""
     return isinstance(target, torch._ops.OpOverload)
+
+
+def mutates_an_argument(target: Any) -> bool:
+    """Whether an operator overload writes into one of its arguments (True for anything without a schema)."""
+    schema = getattr(target, "_schema", None) if is_op_overload(target) else None
+    return schema is None or schema.is_mutable
 
 
 def empty_graph_like(graph: torch.fx.Graph, owner: torch.fx.GraphModule) -> torch.fx.Graph:
