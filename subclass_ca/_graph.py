@@ -9,6 +9,7 @@ import torch
 
 from . import _compat, _fsdp2, _split, diagnostics
 from ._warm_start import cacheable as _cacheable
+from ._warm_start.traced import TracedGraph, compile_traced
 from ._epilogue import warn_fallback_once
 from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes
 from ._translate import compile_error, grad_dtype_refusal
@@ -46,6 +47,7 @@ class CompiledCAGraph:
         self._compile_graph = compile_graph
         self._config = config
         self._report = report
+        self._traced: TracedGraph | None = None
         self._compiled = self._compile(fullgraph)
         self._checked = not fullgraph or not subclass_nodes(graph_module.graph)
         self._graph_breaks_allowed = not fullgraph
@@ -57,10 +59,15 @@ class CompiledCAGraph:
         self._static_sizes = config.dynamic is False  # Note [Static-first CA graphs] in _compiler.py
 
     def _compile(self, fullgraph: bool) -> Any:
+        self._traced = None
         if self._compile_graph is not None:  # the compiler of a torch.compile-d train step (flag style)
             return self._compile_graph(self._graph_module)
         config = self._config
         kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs)
+        if fullgraph:  # Note [Skipping Dynamo's trace of an unchanged CA graph]
+            self._traced = compile_traced(self._graph_module, config, kwargs)
+            if self._traced is not None:
+                return self._traced.compiled
         return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)
 
     def _call_in_scope(self, *args: Any, **kwargs: Any) -> Any:
@@ -119,6 +126,7 @@ class CompiledCAGraph:
             return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)
 
         split = _split.split_graph(self._graph_module, points, compile_piece, self._report)
+        self._traced = None
         self._graph_breaks_allowed = True  # eager code (the hooks) runs between the pieces: final callbacks apply
         self._compiled = split
         self._checked = True
@@ -151,7 +159,7 @@ class CompiledCAGraph:
         breaks_before = _compat.graph_break_counts()
         refusal = grad_dtype_refusal(args)  # read now: the graph empties its inputs list
         try:
-            result = self._compiled(*args, **kwargs)
+            result = self._first_call(*args, **kwargs)
         except Exception as error:
             if refusal is not None and _compat.is_graph_break(error):
                 raise refusal from error
@@ -164,6 +172,20 @@ class CompiledCAGraph:
         self._first_run = False
         breaks = _compat.graph_break_counts()
         self._report.graph_breaks += sorted(r for r, n in breaks.items() if n > breaks_before.get(r, 0))
+        return result
+
+    def _first_call(self, *args: Any, **kwargs: Any) -> Any:
+        traced = self._traced
+        if traced is None:
+            return self._compiled(*args, **kwargs)
+        try:
+            result = self._compiled(*args, **kwargs)
+        except Exception:
+            if not traced.refused():
+                raise
+            self._compiled = traced.without_recording()  # its guards cannot be kept: compile it as usual
+            result = self._compiled(*args, **kwargs)
+        traced.compiled_once()
         return result
 
     def _recover(self, error: Exception, args: Any, kwargs: Any) -> Any:

@@ -123,6 +123,7 @@ RUNTIME_PATCHES = _compat.PatchSet(
         *frame_swaps(),  # Note [Compiled optimizer steps over subclass gradients]
         *_compat.capture_watch_swaps(diagnostics.capture_abandoned),
         *([_cacheable.cache_global_swap()] if _compat.marked_cacheable_supported() else []),  # Note [Warm start through torch's caches]
+        *([_compat.guard_requires_grad_swap()] if _compat.precompile_supported() else []),  # Note [Skipping Dynamo's trace of an unchanged CA graph]
     ],
     resident=True,
 )

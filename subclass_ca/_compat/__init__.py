@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedTorchError
-from . import accumulate, aot_autograd, caches, compiled_autograd, dynamo, engine, fsdp, messages, version, workarounds
+from . import accumulate, aot_autograd, caches, compiled_autograd, dynamo, engine, fsdp, messages, precompile, version, workarounds
 from ._lookup import lookup
 from ._patch import BLOCKS, CA_CAPTURE, CA_GRAPH_RUN, AnyScope, AttributeSwap, CallSwap, PatchSet, Scope, Swap, gated, uninstall_resident
 from .accumulate import (
@@ -64,6 +64,20 @@ from .caches import (
     PROLOGUE_MODULE,
     PROLOGUE_NAME,
     save_cache_artifacts,
+)
+from .precompile import (
+    dynamo_optimize,
+    flat_input_backend,
+    guard_requires_grad_swap,
+    inductor_backend,
+    install_frame,
+    is_dropped_guard,
+    new_package,
+    portable_compile_configs,
+    PRECOMPILE_PARTS,
+    precompile_supported,
+    recorded_frame,
+    recording_bypassed,
 )
 from .compiled_autograd import (
     activate,
@@ -248,6 +262,11 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
     "AOTAutogradCache key pickler": (
         caches.CACHE_PICKLER + "._format_global_for_cache_key",
         "CA graphs bypass AOTAutogradCache (a restarted job traces them again; Note [Warm start through torch's caches])",
+    ),
+    "Dynamo precompile records": (
+        precompile.PRECOMPILE_PARTS["package"],
+        "a restarted job traces each CA graph through Dynamo again before the caches hit "
+        "(Note [Skipping Dynamo's trace of an unchanged CA graph])",
     ),
     "AOT lazy backward compiler": (
         "torch._functorch._aot_autograd.runtime_wrappers:_AutogradBackwardCompiler.get_or_compile",

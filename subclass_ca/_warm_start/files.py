@@ -17,18 +17,21 @@ import dataclasses
 import hashlib
 import json
 import os
+import pickle
 import warnings
+from typing import Any
 
 import torch
 
 from .. import _compat
 from ..errors import CacheFileError
 from .fingerprint import package_digest
+from . import traced
 
 __all__ = ["save_cache", "load_cache", "CacheFile"]
 
 _MAGIC = b"subclass_ca compile cache\n"
-_FORMAT = 1
+_FORMAT = 2
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,6 +46,8 @@ class CacheFile:
     artifact_bytes: int
     forward_entries_written: int = 0
     """Forward graphs whose cache entry :func:`save_cache` wrote (compiling their backward, Note [Warm start through torch's caches])."""
+    traced_graphs: int = 0
+    """CA graphs whose Dynamo trace the file (or folder) holds (Note [Skipping Dynamo's trace of an unchanged CA graph])."""
 
 
 def _header() -> dict[str, object]:
@@ -77,23 +82,27 @@ def save_cache(path: str | os.PathLike[str] | None = None) -> CacheFile:
 
     _warn_if_ca_graphs_are_not_cached()
     completed = complete_forward_entries()
+    records = traced.pending_records()
+    traced.write_records(records)
     if path is None:
         return CacheFile(path=_compat.cache_dir(), torch_version=str(torch.__version__), subclass_ca=package_digest(),
-                         artifact_bytes=0, forward_entries_written=completed)
+                         artifact_bytes=0, forward_entries_written=completed, traced_graphs=len(records))
     artifacts = _compat.save_cache_artifacts()
     if not artifacts:
         raise CacheFileError(
             f"save_cache({os.fspath(path)!r}): torch recorded no compile artifact in this process. Call it after "
             "the first steps have compiled (backend='inductor'; torch.compile's other backends have no persistent cache)."
         )
+    payload = artifacts + pickle.dumps(records)
     header = _header()
-    header["sha256"] = hashlib.sha256(artifacts).hexdigest()
+    header["artifact_bytes"] = len(artifacts)
+    header["sha256"] = hashlib.sha256(payload).hexdigest()
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
-        f.write(_MAGIC + json.dumps(header).encode() + b"\n" + artifacts)
+        f.write(_MAGIC + json.dumps(header).encode() + b"\n" + payload)
     os.replace(tmp, path)  # a reader never sees half a file
     return CacheFile(path=os.fspath(path), torch_version=str(header["torch"]), subclass_ca=str(header["subclass_ca"]),
-                     artifact_bytes=len(artifacts), forward_entries_written=completed)
+                     artifact_bytes=len(artifacts), forward_entries_written=completed, traced_graphs=len(records))
 
 
 def load_cache(path: str | os.PathLike[str], *, strict: bool = True, missing_ok: bool = False) -> CacheFile | None:
@@ -109,18 +118,20 @@ def load_cache(path: str | os.PathLike[str], *, strict: bool = True, missing_ok:
     try:
         with open(name, "rb") as f:
             data = f.read()
-        header, artifacts = _parse(name, data)
+        header, payload = _parse(name, data)
+        artifacts, records = payload[:header["artifact_bytes"]], pickle.loads(payload[header["artifact_bytes"]:])  # noqa: S301
         _compat.load_cache_artifacts(artifacts)
+        traced.add_records(records)
     except CacheFileError as error:
         if strict:
             raise
         warnings.warn(f"{error} Skipped: this run compiles afresh.", RuntimeWarning, stacklevel=2)
         return None
     return CacheFile(path=name, torch_version=str(header["torch"]), subclass_ca=str(header["subclass_ca"]),
-                     artifact_bytes=len(artifacts))
+                     artifact_bytes=len(artifacts), traced_graphs=len(records))
 
 
-def _parse(name: str, data: bytes) -> tuple[dict[str, object], bytes]:
+def _parse(name: str, data: bytes) -> tuple[dict[str, Any], bytes]:
     if not data.startswith(_MAGIC):
         raise CacheFileError(f"load_cache({name!r}): not a subclass_ca cache file (written by subclass_ca.save_cache).")
     line, sep, artifacts = data[len(_MAGIC):].partition(b"\n")

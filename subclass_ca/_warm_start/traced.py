@@ -1,0 +1,227 @@
+"""Keep Dynamo's trace of each CA graph, so that a restarted process runs an unchanged one without tracing it.
+
+Note [Skipping Dynamo's trace of an unchanged CA graph]
+--------------------------------------------------------
+With the caches warm (Note [Warm start through torch's caches] in ``cacheable.py``) a restarted
+job still pays, per CA graph, Dynamo's trace of the graph's generated code: AOTAutogradCache is
+keyed by the graph Dynamo outputs, so it can only be asked once that trace is done.  The trace
+is the same in every process when the CA graph is: so we keep it, keyed as we key the graph.
+
+* **What is kept.** A CA graph compiled with ``backend="inductor"`` (no ``mode``, whole graph)
+  is compiled with a recording (torch's own precompile package): Dynamo writes into it the
+  frame's guards and its transformed code, and the compiled graph is a *bundled* AOT entry
+  (its kernels included).  ``save_cache()`` serializes the records of this process's graphs,
+  one file each in the cache folder and, with a path, inside the cache file.
+* **The key** is what the graph does: our build and torch's, the Python version, the settings'
+  cache key, the graph's generated code, a key line per global that code reads (modules and
+  importable objects by name; compiled autograd's ops, AOT prologues and our rebuild callables
+  by ``cacheable.key_of``, which describes what they do), the values of its constants, and the
+  Dynamo, AOTAutograd and inductor configs.  Anything else (a global we cannot describe) makes
+  the graph unrecorded.  The canonical form of CA graphs (``_canonical.py``) makes the first
+  restart's graph the cold run's.
+* **Replay.** A captured graph whose key has a record gets the record installed on its own
+  code object: the compiled graph under the frame's globals, the guards loaded against them.
+  Its first call checks the guards like any compiled frame and runs the compiled graph: no
+  trace, no AOT or inductor work.  A call the guards refuse (other sizes, dtypes, grad mode,
+  global state) is traced and compiled as usual, so a record is never stale.
+* **What the replayed frame does not guard.** Globals (the key covers them) and the type of
+  ``self`` (a class made per graph module; the record sits on that module's own code).
+  ``requires_grad`` of subclass inputs needs a fix in torch's guard pickler
+  (``_compat.guard_requires_grad_swap``).
+* **Refusals.** A frame whose guards cannot be serialized (a hook closure, an object known by
+  identity) makes torch give up the recording and fail the compile; that graph is compiled
+  again without one (once, in the run that records) and is never replayed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import types
+from typing import Any
+
+import torch
+
+from .. import _compat
+from ..config import Config, cache_key
+from .cacheable import key_of
+from .fingerprint import digest, package_digest
+
+__all__ = ["TracedGraph", "compile_traced", "pending_records", "add_records", "write_records", "stats"]
+
+stats = {"recorded": 0, "replayed": 0, "refused": 0}
+"""This process: graphs compiled with a recording, graphs whose record was installed, recordings torch gave up."""
+
+_SUBDIR = "subclass_ca_traced"
+_records: dict[str, bytes] = {}
+_pending: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def _global_line(name: str, value: Any) -> str | None:
+    if isinstance(value, types.ModuleType):
+        return f"{name}: module {value.__name__}"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return f"{name}: {value!r}"
+    described = key_of(value)
+    if described is not None:
+        return f"{name}: {described}"
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str) and "<locals>" not in qualname:
+        try:
+            found: Any = sys.modules.get(module) or __import__(module, fromlist=["_"])
+            for part in qualname.split("."):
+                found = getattr(found, part)
+        except (ImportError, AttributeError):
+            return None
+        if found is value:
+            return f"{name}: {module}:{qualname}"
+    return None
+
+
+def _constant_line(name: str, value: Any) -> str | None:
+    if not isinstance(value, torch.Tensor) or _compat.is_traceable_wrapper_subclass(value) or value.is_meta:
+        return None
+    data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return f"{name}: {value.dtype} {tuple(value.shape)} {value.stride()} {digest(data.hex())}"
+
+
+def _ordered(value: Any) -> str:
+    """``repr`` with sets and dicts in sorted order (a set's order differs between processes)."""
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(map(_ordered, value))) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(sorted(f"{_ordered(k)}: {_ordered(v)}" for k, v in value.items())) + "}"
+    if isinstance(value, (list, tuple)):
+        return type(value).__name__ + "(" + ", ".join(map(_ordered, value)) + ")"
+    return repr(value)
+
+
+def _configs() -> str:
+    return "; ".join(_ordered(snapshot) for snapshot in _compat.portable_compile_configs())
+
+
+def graph_key(graph_module: torch.fx.GraphModule, config: Config) -> str | None:
+    """The record key of a CA graph (Note [Skipping Dynamo's trace of an unchanged CA graph]); None: not describable."""
+    forward = graph_module.forward
+    frame_globals = forward.__globals__
+    lines = [package_digest(), f"torch {torch.__version__}", f"python {sys.version_info[:3]}", repr(cache_key(config)),
+             graph_module.code]
+    for name in sorted(set(forward.__code__.co_names) & frame_globals.keys()):
+        line = _global_line(name, frame_globals[name])
+        if line is None:
+            return None
+        lines.append(line)
+    for node in graph_module.graph.nodes:
+        if node.op == "get_attr":
+            line = _constant_line(str(node.target), getattr(graph_module, str(node.target), None))
+            if line is None:
+                return None
+            lines.append(line)
+        elif node.op == "call_module":
+            return None
+    lines.append(_configs())
+    return digest(*lines)
+
+
+def _find(key: str) -> bytes | None:
+    found = _records.get(key)
+    if found is not None:
+        return found
+    path = os.path.join(_compat.cache_dir(), _SUBDIR, key)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+class TracedGraph:
+    """A CA graph compiled with a recording, or with a record installed: the callable and what to do on refusal."""
+
+    def __init__(self, graph_module: torch.fx.GraphModule, options: dict[str, Any] | None, dynamic: bool | None, key: str) -> None:
+        self._forward = graph_module.forward
+        self._backend = _compat.flat_input_backend(_compat.inductor_backend(options, dynamic))
+        self._dynamic = dynamic
+        self.key = key
+        recorded = _find(key)
+        self.package = None
+        if recorded is not None:
+            _compat.install_frame(recorded, self._forward.__func__.__code__, self._forward.__globals__)
+            stats["replayed"] += 1
+        else:
+            self.package = _compat.new_package(self._forward)
+        self.compiled = self._optimize(self.package)
+
+    def _optimize(self, package: Any) -> Any:
+        return _compat.dynamo_optimize(self._backend, dynamic=self._dynamic, package=package,
+                                       guard_filter=_keep_guards)(self._forward)
+
+    def refused(self) -> bool:
+        """Whether torch gave up the recording while compiling (its guards cannot be serialized)."""
+        return self.package is not None and _compat.recording_bypassed(self.package)
+
+    def without_recording(self) -> Any:
+        """The same graph compiled without a recording (after :meth:`refused`)."""
+        self.package = None
+        stats["refused"] += 1
+        self.compiled = self._optimize(None)
+        return self.compiled
+
+    def compiled_once(self) -> None:
+        """The first call succeeded: the recording (if any) is complete and waits for ``save_cache()``."""
+        if self.package is not None:
+            with _lock:
+                _pending[self.key] = self.package
+            stats["recorded"] += 1
+            self.package = None
+
+
+def _keep_guards(entries: Any) -> list[bool]:
+    return [not _compat.is_dropped_guard(entry) for entry in entries]
+
+
+def compile_traced(graph_module: torch.fx.GraphModule, config: Config, kwargs: Any) -> TracedGraph | None:
+    """The CA graph compiled through a recording or a replay, when it qualifies; None: compile it as before."""
+    if config.backend != "inductor" or set(kwargs) - {"options"} or not _compat.precompile_supported():
+        return None
+    key = graph_key(graph_module, config)
+    if key is None:
+        return None
+    dynamic = False if config.dynamic is False else None
+    return TracedGraph(graph_module, kwargs.get("options"), dynamic, key)
+
+
+def pending_records() -> dict[str, bytes]:
+    """The records of this process's recorded graphs, serialized (those torch can replay), by key."""
+    with _lock:
+        pending = dict(_pending)
+    for key, package in pending.items():
+        if key not in _records:
+            recorded = _compat.recorded_frame(package)
+            if recorded is not None:
+                _records[key] = recorded
+    return dict(_records)
+
+
+def add_records(records: dict[str, bytes]) -> None:
+    """Records read from a cache file (``load_cache``): found before the cache folder's."""
+    _records.update(records)
+
+
+def write_records(records: dict[str, bytes]) -> int:
+    """Write records into the cache folder (one file per key, atomically); returns how many are new."""
+    folder = os.path.join(_compat.cache_dir(), _SUBDIR)
+    os.makedirs(folder, exist_ok=True)
+    written = 0
+    for key, data in records.items():
+        path = os.path.join(folder, key)
+        if os.path.exists(path):
+            continue
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        written += 1
+    return written
