@@ -1,11 +1,12 @@
 """One training step in a fresh process, for the warm-start tests (``python tests/cache_worker.py '<json settings>'``).
 
-Prints one JSON line: the cache counters of the backward alone (the CA graph's compile),
-the gradients as exact float lists, and eager's gradients computed in the same process.
+Prints one JSON line: the cache counters of the backward alone (the CA graph's compile), how
+many graphs Dynamo traced in it (``ca_traces``) and the kept-trace counters (``traced``), the
+gradients as exact float lists, and eager's gradients computed in the same process.
 ``TORCHINDUCTOR_CACHE_DIR`` is set by the caller.  Settings (all optional):
 ``dtype``, ``batch``, ``subclass`` ("pair" | "tagged"), ``tag``, ``handler`` ("default" | "custom"),
 ``activation`` ("tanh" | "relu": relu's backward holds a call without tensor inputs, ``full([], 0.0)``),
-``strict``, ``torch_version`` / ``package`` (pretend another torch / subclass_ca build), ``load`` / ``save``
+``threads`` (torch's intra-op threads, 1 by default), ``strict``, ``torch_version`` / ``package`` (pretend another torch / subclass_ca build), ``load`` / ``save``
 (a subclass_ca cache file read before the step / written after it; ``save: null`` completes the
 cache folder only).
 """
@@ -24,6 +25,7 @@ import subclass_ca
 from subclass_ca import _compat
 from subclass_ca._warm_start import cacheable as _cacheable
 from subclass_ca._warm_start import files as cache
+from subclass_ca._warm_start import traced
 from subclass_ca.testing.subclasses import PairTensor, TaggedTensor
 
 
@@ -48,6 +50,7 @@ def main(settings: dict) -> dict:
     if settings.get("handler") == "custom":
         subclass_ca.register_handler(PairTensor, rebuild=_custom_rebuild)
     loaded = subclass_ca.load_cache(settings["load"]) if settings.get("load") else None
+    torch.set_num_threads(int(settings.get("threads", 1)))
     torch.manual_seed(0)
     dtype = getattr(torch, settings.get("dtype", "float32"))
     batch = int(settings.get("batch", 8))
@@ -72,10 +75,10 @@ def main(settings: dict) -> dict:
     step = torch.compile(forward, backend="inductor")
     start = _compat.cache_counters()
     loss = step(params, wrap(x))
-    before = _compat.cache_counters()
+    before, traces_before = _compat.cache_counters(), _compat.unique_graph_count()
     with subclass_ca.enable(backend="inductor", strict=bool(settings.get("strict"))):
         loss.backward()
-    after = _compat.cache_counters()
+    after, ca_traces = _compat.cache_counters(), _compat.unique_graph_count() - traces_before
     saved = subclass_ca.save_cache(settings["save"]) if "save" in settings else None
     return {
         "forward": {k: before[k] - start[k] for k in before},
@@ -86,6 +89,9 @@ def main(settings: dict) -> dict:
         "loaded": loaded is not None,
         "saved_bytes": saved and saved.artifact_bytes,
         "forward_entries_written": saved and saved.forward_entries_written,
+        "traced_graphs_saved": saved and saved.traced_graphs,
+        "traced": dict(traced.stats),
+        "ca_traces": ca_traces,
     }
 
 

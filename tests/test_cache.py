@@ -16,6 +16,17 @@ needs_cache_hooks = pytest.mark.skipif(
 )
 
 
+def assert_ca_graph_not_compiled(result: dict) -> None:
+    """The restart's CA graph came from what the earlier run kept: its Dynamo trace where torch can replay one
+    (Note [Skipping Dynamo's trace of an unchanged CA graph]: no trace, no AOTAutogradCache lookup), else the cache."""
+    ca = result["ca"]
+    assert ca["aot_miss"] == 0 and ca["fx_miss"] == 0, ca
+    if _compat.precompile_supported():
+        assert result["traced"]["replayed"] == 1 and result["ca_traces"] == 0 and ca["aot_hit"] == 0, result
+    else:
+        assert ca["aot_hit"] == 1, ca
+
+
 @pytest.mark.inductor
 @needs_cache_hooks
 def test_a_saved_cache_warms_a_process_with_an_empty_cache_folder(tmp_path):
@@ -27,13 +38,27 @@ def test_a_saved_cache_warms_a_process_with_an_empty_cache_folder(tmp_path):
     """
     first = run_step(tmp_path / "job-1", save=str(tmp_path / "after-1.cache"), activation="relu")
     assert first["saved_bytes"] > 0 and first["forward_entries_written"] == 1
+    assert first["traced_graphs_saved"] == (1 if _compat.precompile_supported() else 0), first
     second = run_step(tmp_path / "job-2", load=str(tmp_path / "after-1.cache"), save=str(tmp_path / "after-2.cache"), activation="relu")
     assert second["loaded"] and second["forward"]["aot_hit"] == 1, second["forward"]
-    assert second["ca"]["aot_hit"] == 1 and second["ca"]["aot_miss"] == 0 and second["ca"]["fx_miss"] == 0, second["ca"]
+    assert_ca_graph_not_compiled(second)
     third = run_step(tmp_path / "job-3", load=str(tmp_path / "after-2.cache"), activation="relu")
     assert third["forward"]["aot_hit"] == 1 and third["forward"]["aot_miss"] == 0, third["forward"]
-    assert third["ca"]["aot_hit"] == 1 and third["ca"]["aot_miss"] == 0, third["ca"]
+    assert_ca_graph_not_compiled(third)
     assert second["grads"] == first["grads"] and third["grads"] == first["grads"]
+
+
+@pytest.mark.inductor
+@needs_cache_hooks
+@pytest.mark.skipif(not _compat.precompile_supported(), reason="this torch cannot replay a Dynamo trace")
+def test_a_kept_trace_whose_guards_refuse_the_restart_is_traced_again(tmp_path):
+    """A restart in another global state (here torch's thread count, which Dynamo guards): the kept trace is
+    installed on the same CA graph, its guards refuse the call, and Dynamo traces it as without one.
+    """
+    run_step(tmp_path / "job", save=None)
+    other = run_step(tmp_path / "job", threads=2)
+    assert other["traced"]["replayed"] == 1 and other["ca_traces"] == 1, other
+    assert_matches_eager(other)
 
 
 @pytest.mark.inductor
@@ -59,10 +84,12 @@ def loaded_into_torch(monkeypatch) -> list[bytes]:
     return loaded
 
 
-def _write(path, header: dict, payload: bytes = b"artifacts") -> None:
+def _write(path, header: dict, artifacts: bytes = b"artifacts", records: dict | None = None) -> None:
     import hashlib
+    import pickle
 
-    header = {"sha256": hashlib.sha256(payload).hexdigest(), **header}
+    payload = artifacts + pickle.dumps(records or {})
+    header = {"sha256": hashlib.sha256(payload).hexdigest(), "artifact_bytes": len(artifacts), **header}
     path.write_bytes(cache._MAGIC + json.dumps(header).encode() + b"\n" + payload)
 
 
@@ -116,6 +143,18 @@ def test_a_good_file_reaches_torch_and_reports_what_it_held(tmp_path, loaded_int
     info = subclass_ca.load_cache(path)
     assert loaded == [b"artifacts"]
     assert info.artifact_bytes == len(b"artifacts") and info.torch_version == _compat.TORCH_VERSION
+    assert info.traced_graphs == 0
+
+
+def test_the_kept_traces_of_a_file_are_found_before_the_cache_folder(tmp_path, loaded_into_torch, monkeypatch):
+    from subclass_ca._warm_start import traced
+
+    monkeypatch.setattr(traced, "_records", {})
+    path = tmp_path / "good.cache"
+    _write(path, cache._header(), b"artifacts", records={"graph-key": b"recorded frame"})
+    info = subclass_ca.load_cache(path)
+    assert info.traced_graphs == 1 and loaded_into_torch == [b"artifacts"]
+    assert traced._find("graph-key") == b"recorded frame" and traced._find("other-key") is None
 
 
 def test_missing_ok_returns_none_for_a_first_run(tmp_path):

@@ -197,7 +197,7 @@ def guard_requires_grad_swap() -> AttributeSwap:
 
         return gated(BLOCKS, original, reducer_override)
 
-    return AttributeSwap(lambda: lookup("torch._dynamo.guards:GuardsStatePickler"), "reducer_override", make)
+    return AttributeSwap(lambda: lookup(PRECOMPILE_PARTS["guards pickler"].rpartition(".")[0]), "reducer_override", make)
 
 
 def _with_requires_grad(rebuild: Callable[..., torch.Tensor], args: Sequence[Any]) -> torch.Tensor:

@@ -78,6 +78,7 @@ def test_every_compat_lookup_is_in_a_feature_table():
 
     listed = {d for value in _compat.FEATURES.values() for d in ((value,) if isinstance(value, str) else value)}
     listed |= {dotted for dotted, _ in _compat.OPTIONAL_FEATURES.values()}
+    listed |= set(_compat.PRECOMPILE_PARTS.values())  # all or nothing: precompile_supported()
     listed = {d.replace(":", ".") for d in listed}
     source = "\n".join(p.read_text() for p in Path(_compat.__file__).parent.glob("*.py"))
     for dotted in re.findall(r'lookup\("([\w.]+:[\w.]+)"\)', source):

@@ -1,0 +1,100 @@
+"""Kept Dynamo traces of CA graphs (Note [Skipping Dynamo's trace of an unchanged CA graph]): the key, the refusal path.
+
+The cross-process replay itself is in ``tests/test_cache.py`` (a restart that traces nothing, and one
+whose guards refuse the kept trace).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+
+import subclass_ca
+from subclass_ca import _compat
+from subclass_ca._warm_start import traced
+from subclass_ca.config import Config
+from subclass_ca.testing.subclasses import PairTensor
+
+CONFIG = Config(backend="inductor")
+
+
+def _graph(*, scale: float = 2.0, constant: torch.Tensor | None = None, target=torch.mul) -> torch.fx.GraphModule:
+    """A small graph module shaped like a CA graph's: a placeholder, a call, maybe a constant."""
+    root = torch.nn.Module()
+    graph = torch.fx.Graph()
+    inputs = graph.placeholder("inputs")
+    value = graph.call_function(operator.getitem, (inputs, 0))
+    value = graph.call_function(target, (value, scale))
+    if constant is not None:
+        root.aot0_constant0 = constant
+        value = graph.call_function(torch.add, (value, graph.get_attr("aot0_constant0")))
+    graph.output(value)
+    return torch.fx.GraphModule(root, graph)
+
+
+def test_equal_graphs_have_one_key_and_any_change_is_another():
+    key = traced.graph_key(_graph(), CONFIG)
+    assert key is not None and key == traced.graph_key(_graph(), CONFIG)
+    assert traced.graph_key(_graph(scale=3.0), CONFIG) != key  # the code
+    assert traced.graph_key(_graph(), Config(backend="inductor", dynamic=False)) != key  # the settings
+    assert traced.graph_key(_graph(target=torch.div), CONFIG) != key  # a global the code reads
+
+
+def test_the_values_of_constants_are_part_of_the_key():
+    zeros = traced.graph_key(_graph(constant=torch.zeros(3)), CONFIG)
+    assert zeros == traced.graph_key(_graph(constant=torch.zeros(3)), CONFIG)
+    assert zeros != traced.graph_key(_graph(constant=torch.ones(3)), CONFIG)
+    assert traced.graph_key(_graph(constant=torch.zeros((), dtype=torch.bfloat16)), CONFIG) is not None
+
+
+def test_a_graph_reading_what_has_no_description_is_not_kept():
+    def local_function(value, scale):  # known by its address only
+        return value * scale
+
+    assert traced.graph_key(_graph(target=local_function), CONFIG) is None
+    assert traced.graph_key(_graph(constant=PairTensor(torch.zeros(2), torch.zeros(2))), CONFIG) is None
+
+
+def test_the_compile_configs_are_part_of_the_key():
+    key = traced.graph_key(_graph(), CONFIG)
+    with torch._inductor.config.patch(max_fusion_size=torch._inductor.config.max_fusion_size + 1):
+        assert traced.graph_key(_graph(), CONFIG) != key
+    assert traced.graph_key(_graph(), CONFIG) == key
+
+
+def test_only_inductor_graphs_compiled_whole_with_options_only_are_kept():
+    graph = _graph()
+    assert traced.compile_traced(graph, Config(backend="aot_eager"), {}) is None
+    assert traced.compile_traced(graph, CONFIG, {"mode": "max-autotune-no-cudagraphs"}) is None
+
+
+def test_sets_are_keyed_in_sorted_order():
+    assert traced._ordered({"b", "a", "c"}) == traced._ordered({"c", "a", "b"}) == "{'a', 'b', 'c'}"
+    assert traced._ordered({"k": {2, 1}}) == "{'k': {1, 2}}"
+
+
+@pytest.mark.inductor
+@pytest.mark.skipif(not _compat.precompile_supported(), reason="this torch cannot record a Dynamo trace")
+def test_a_graph_whose_guards_cannot_be_kept_is_compiled_without_a_recording(monkeypatch):
+    """A tensor hook closing over a local value is guarded by identity: torch gives the recording up and fails
+    the compile; the graph is compiled again without one, and its gradients are eager's."""
+    monkeypatch.setattr(traced, "stats", {"recorded": 0, "replayed": 0, "refused": 0})
+    scale = torch.tensor(3.0)
+
+    def run(hooked: list[torch.Tensor]) -> list[torch.Tensor]:
+        weight = torch.nn.Parameter(PairTensor(torch.ones(4, 4), torch.full((4, 4), 2.0)))
+        weight.register_hook(lambda grad: grad * scale)
+        loss = (hooked[0] @ weight).tanh().sum()
+        loss.backward()
+        return [weight.grad.a, weight.grad.b]
+
+    x = [PairTensor(torch.randn(2, 4), torch.randn(2, 4))]
+    expected = run(x)
+    with subclass_ca.enable(backend="inductor"):
+        got = run(x)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
+    assert traced.stats["refused"] + traced.stats["recorded"] >= 1, traced.stats
+    assert traced.stats["refused"] == 1, traced.stats
