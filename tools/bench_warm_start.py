@@ -43,6 +43,8 @@ TARGETS = {
     "vs_stock": "warm first step below stock CA's on every row (subclass_ca with save_cache, later restarts)",
     "first_restart": "first restart after save_cache(): 0 CA-graph compiles, every backward graph from AOTAutogradCache "
                      "(subclass_ca with save_cache, every row)",
+    "no_retrace": "warm restart after save_cache(): Dynamo traces no CA graph (each replayed from its kept trace; "
+                  "subclass_ca with save_cache, rows without FSDP2 splits)",
     "cold": "cold first step no worse than stock CA's on every row (subclass_ca)",
     "bitwise": "warm gradients bitwise equal to the cold run's (every mode)",
 }
@@ -125,9 +127,13 @@ def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str,
     loss = step(work.params, *work.inputs)
     forwarded = time.perf_counter()
     timers_fwd, counters_fwd = _timers(), _compat.cache_counters()
+    traces_fwd = _compat.unique_graph_count()
     backward(loss)
     backwarded = time.perf_counter()
     timers_bwd, counters_bwd = _timers(), _compat.cache_counters()
+    from subclass_ca._warm_start import traced
+
+    backward_traces, replayed = _compat.unique_graph_count() - traces_fwd, traced.stats["replayed"]
     hasher = hashlib.sha256()
     for p in work.params:
         for t in _inner(p.grad):
@@ -156,6 +162,8 @@ def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str,
         "backward_timers": _delta(timers_bwd, timers_fwd),
         "forward_counters": counters_fwd,
         "backward_counters": {k: counters_bwd[k] - counters_fwd[k] for k in counters_bwd},
+        "backward_dynamo_traces": backward_traces,
+        "backward_replayed": replayed,
         "grad_digest": hasher.hexdigest()[:16],
         "torch": str(torch.__version__),
     }
@@ -255,6 +263,7 @@ def _row(key: str, entry: dict[str, Any]) -> dict[str, Any]:
         "cold_first_step_s": cold.get("first_step_s"),
         "first_restart_s": all_warm[0]["first_step_s"] if all_warm else None,
         "first_restart_backward_counters": all_warm[0]["backward_counters"] if all_warm else {},
+        "first_restart_replayed": all_warm[0].get("backward_replayed") if all_warm else None,
         "save_s": cold.get("save_s"),
         "warm_first_step_s": _median(firsts),
         "warm_spread_s": [round(min(firsts), 3), round(max(firsts), 3)] if firsts else None,
@@ -265,6 +274,8 @@ def _row(key: str, entry: dict[str, Any]) -> dict[str, Any]:
     for phase in ("forward_timers", "backward_timers"):
         row[f"warm_{phase}"] = {k: _median([s[phase][k] for s in warm]) for k in _TIMERS} if warm else {}
     row["warm_backward_counters"] = warm[-1]["backward_counters"] if warm else {}
+    row["warm_backward_dynamo_traces"] = warm[-1].get("backward_dynamo_traces") if warm else None
+    row["warm_backward_replayed"] = warm[-1].get("backward_replayed") if warm else None
     row["warm_forward_counters"] = warm[-1].get("forward_counters", {}) if warm else {}
     row["cold_backward_counters"] = cold.get("backward_counters", {})
     row["cold_forward_counters"] = cold.get("forward_counters", {})
@@ -307,7 +318,13 @@ def _verdicts(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 if r["first_restart_backward_counters"].get("aot_miss") or r["first_restart_backward_counters"].get("aot_bypass")}
     out["first_restart"] = verdict(None, "no subclass_ca_saved rows") if not saved else verdict(
         not compiled, "; ".join(f"{m}: {c.get('aot_miss')} miss, {c.get('aot_bypass')} bypass" for m, c in compiled.items())
-        or "; ".join(f"{r['model']}: {r['first_restart_backward_counters'].get('aot_hit')} hit, 0 miss" for r in saved))
+        or "; ".join(f"{r['model']}: {r['first_restart_backward_counters'].get('aot_hit')} hit, 0 miss"
+                     f"{', replayed untraced' if r.get('first_restart_replayed') else ''}" for r in saved))
+    unsplit = [r for r in rows if r["mode"] == "subclass_ca_saved" and r.get("warm_backward_dynamo_traces") is not None
+               and not r["model"].startswith("fsdp2")]
+    out["no_retrace"] = verdict(None, "no subclass_ca_saved rows") if not unsplit else verdict(
+        all(r["warm_backward_dynamo_traces"] == 0 for r in unsplit),
+        "; ".join(f"{r['model']}: {r['warm_backward_dynamo_traces']} traced, {r['warm_backward_replayed']} replayed" for r in unsplit))
     ours = [r for r in rows if r["mode"] == "subclass_ca" and r["cold_first_step_s"] is not None]
     out["cold"] = against("stock_ca", "cold_first_step_s", lambda a, b: a <= b, "{model}: {ours:.2f} s vs {other:.2f} s")
     out["bitwise"] = verdict(all(r["bitwise"] for r in rows), ", ".join(f"{r['model']}/{r['mode']}" for r in rows if not r["bitwise"])

@@ -38,7 +38,9 @@ start pays that once, in the run that saves.  A forward loaded from the cache ha
 its backward as torch serialized it (other node names, constants, no fake values); the CA graph
 is rewritten into one form both give, and nothing in it is decided from fake values, so it is the
 cold run's (Note [One CA graph for fresh and cached forwards] in ``_canonical.py``)
-and the first restart after ``save_cache()`` finds it.
+and the first restart after ``save_cache()`` finds it.  Dynamo's trace of the CA graph, which
+has to run before this cache can be asked, is kept as well (Note [Skipping Dynamo's trace of an
+unchanged CA graph] in ``traced.py``).
 
 Anything without a stable description (an object known only by its address, a tensor's
 values) gets this process's nonce in its key: the entry is written and reused in-process but

@@ -71,3 +71,15 @@ def test_the_fsdp2_row_runs_two_fresh_gloo_processes_per_sample():
     assert not row["errors"], row["errors"]
     assert row["bitwise"] and row["cold_first_step_s"] > 0
     assert "| fsdp2_two_tensor | subclass_ca |" in ws.markdown_section(results, command="bench --warm-start")
+
+
+def test_a_warm_restart_that_traces_a_ca_graph_misses_the_no_retrace_target():
+    def saved(traces: int) -> dict:
+        return {**_sample(1.0, mode="subclass_ca_saved"), "backward_dynamo_traces": traces, "backward_replayed": 1 - traces}
+
+    untraced = ws._row("pair/subclass_ca_saved", {"cold": saved(1), "warm": [saved(0), saved(0)]})
+    verdict = ws._verdicts([untraced])["no_retrace"]
+    assert verdict["met"] and verdict["detail"] == "pair: 0 traced, 1 replayed"
+    assert "replayed untraced" in ws._verdicts([untraced])["first_restart"]["detail"]
+    traced = ws._row("pair/subclass_ca_saved", {"cold": saved(1), "warm": [saved(0), saved(1)]})
+    assert ws._verdicts([traced])["no_retrace"] == {"met": False, "detail": "pair: 1 traced, 0 replayed"}
