@@ -78,8 +78,9 @@ def test_sets_are_keyed_in_sorted_order():
 @pytest.mark.inductor
 @pytest.mark.skipif(not _compat.precompile_supported(), reason="this torch cannot record a Dynamo trace")
 def test_a_graph_whose_guards_cannot_be_kept_is_compiled_without_a_recording(monkeypatch):
-    """A tensor hook closing over a local value is guarded by identity: torch gives the recording up and fails
-    the compile; the graph is compiled again without one, and its gradients are eager's."""
+    """A tensor hook closing over a local value: torch 2.13 guards it by identity, gives the recording up and
+    fails the compile; the graph is compiled again without one (torch 2.15 serializes the guard and records it).
+    Either way the graph is compiled once with a result and its gradients are eager's."""
     monkeypatch.setattr(traced, "stats", {"recorded": 0, "replayed": 0, "refused": 0})
     scale = torch.tensor(3.0)
 
@@ -96,5 +97,6 @@ def test_a_graph_whose_guards_cannot_be_kept_is_compiled_without_a_recording(mon
         got = run(x)
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e)
-    assert traced.stats["refused"] + traced.stats["recorded"] >= 1, traced.stats
-    assert traced.stats["refused"] == 1, traced.stats
+    assert traced.stats["refused"] + traced.stats["recorded"] == 1, traced.stats
+    if _compat.TORCH_VERSION.startswith("2.13"):
+        assert traced.stats["refused"] == 1, traced.stats
