@@ -148,9 +148,12 @@ class TracedGraph:
         recorded = _find(key)
         self.package = None
         if recorded is not None:
-            _compat.install_frame(recorded, self._forward.__func__.__code__, self._forward.__globals__)
-            stats["replayed"] += 1
-        else:
+            try:
+                _compat.install_frame(recorded, self._forward.__func__.__code__, self._forward.__globals__)
+                stats["replayed"] += 1
+            except Exception:  # noqa: BLE001  -- a record this torch cannot load: trace and compile as without one
+                recorded = None
+        if recorded is None:
             self.package = _compat.new_package(self._forward)
         self.compiled = self._optimize(self.package)
 
