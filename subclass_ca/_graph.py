@@ -65,7 +65,7 @@ class CompiledCAGraph:
         config = self._config
         kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs)
         if fullgraph:  # Note [Skipping Dynamo's trace of an unchanged CA graph]
-            self._traced = compile_traced(self._graph_module, config, kwargs)
+            self._traced = compile_traced(self._graph_module, config, kwargs, **_sizes(config))
             if self._traced is not None:
                 return self._traced.compiled
         return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)

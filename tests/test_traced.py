@@ -70,9 +70,17 @@ def test_only_inductor_graphs_compiled_whole_with_options_only_are_kept():
     assert traced.compile_traced(graph, CONFIG, {"mode": "max-autotune-no-cudagraphs"}) is None
 
 
-def test_sets_are_keyed_in_sorted_order():
-    assert traced._ordered({"b", "a", "c"}) == traced._ordered({"c", "a", "b"}) == "{'a', 'b', 'c'}"
-    assert traced._ordered({"k": {2, 1}}) == "{'k': {1, 2}}"
+def test_sets_in_the_configs_are_keyed_in_sorted_order(monkeypatch):
+    """A set's order differs between processes (torch's Dynamo config holds one): the key sorts it."""
+    monkeypatch.setattr(_compat, "portable_compile_configs", lambda: [{"k": {"b", "a", "c"}, "nested": {"x": {2, 1}}}])
+    first = traced._configs()
+    monkeypatch.setattr(_compat, "portable_compile_configs", lambda: [{"nested": {"x": {1, 2}}, "k": {"c", "a", "b"}}])
+    assert traced._configs() == first and "'a', 'b', 'c'" in first
+
+
+def test_a_config_value_known_by_its_address_leaves_the_graph_unkept(monkeypatch):
+    monkeypatch.setattr(_compat, "portable_compile_configs", lambda: [{"hook": object()}])
+    assert traced.graph_key(_graph(), CONFIG) is None
 
 
 @pytest.mark.inductor

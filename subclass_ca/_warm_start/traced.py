@@ -16,8 +16,8 @@ is the same in every process when the CA graph is: so we keep it, keyed as we ke
   cache key, the graph's generated code, a key line per global that code reads (modules and
   importable objects by name; compiled autograd's ops, AOT prologues and our rebuild callables
   by ``cacheable.key_of``, which describes what they do), the values of its constants, and the
-  Dynamo, AOTAutograd and inductor configs.  Anything else (a global we cannot describe) makes
-  the graph unrecorded.  The canonical form of CA graphs (``_canonical.py``) makes the first
+  Dynamo, AOTAutograd and inductor configs (``fingerprint.describe``: sets sorted, no addresses).
+  Anything else (a global or config value we cannot describe) makes the graph unrecorded.  The canonical form of CA graphs (``_canonical.py``) makes the first
   restart's graph the cold run's.
 * **Replay.** A captured graph whose key has a record gets the record installed on its own
   code object: the compiled graph under the frame's globals, the guards loaded against them.
@@ -28,9 +28,10 @@ is the same in every process when the CA graph is: so we keep it, keyed as we ke
   ``self`` (a class made per graph module; the record sits on that module's own code).
   ``requires_grad`` of subclass inputs needs a fix in torch's guard pickler
   (``_compat.guard_requires_grad_swap``).
-* **Refusals.** A frame whose guards cannot be serialized (a hook closure, an object known by
-  identity) makes torch give up the recording and fail the compile; that graph is compiled
-  again without one (once, in the run that records) and is never replayed.
+* **Refusals.** A frame whose guards cannot be serialized (on torch 2.13 a hook closing over a
+  local tensor; an object known by identity) makes torch give up the recording and fail the
+  compile; that graph is compiled again without one (once, in the run that records) and is
+  never replayed.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import torch
 from .. import _compat
 from ..config import Config, cache_key
 from .cacheable import key_of
-from .fingerprint import digest, package_digest
+from .fingerprint import Unstable, describe, digest, package_digest
 
 __all__ = ["TracedGraph", "compile_traced", "pending_records", "add_records", "write_records", "stats"]
 
@@ -87,19 +88,8 @@ def _constant_line(name: str, value: Any) -> str | None:
     return f"{name}: {value.dtype} {tuple(value.shape)} {value.stride()} {digest(data.hex())}"
 
 
-def _ordered(value: Any) -> str:
-    """``repr`` with sets and dicts in sorted order (a set's order differs between processes)."""
-    if isinstance(value, (set, frozenset)):
-        return "{" + ", ".join(sorted(map(_ordered, value))) + "}"
-    if isinstance(value, dict):
-        return "{" + ", ".join(sorted(f"{_ordered(k)}: {_ordered(v)}" for k, v in value.items())) + "}"
-    if isinstance(value, (list, tuple)):
-        return type(value).__name__ + "(" + ", ".join(map(_ordered, value)) + ")"
-    return repr(value)
-
-
 def _configs() -> str:
-    return "; ".join(_ordered(snapshot) for snapshot in _compat.portable_compile_configs())
+    return "; ".join(describe(snapshot) for snapshot in _compat.portable_compile_configs())
 
 
 def graph_key(graph_module: torch.fx.GraphModule, config: Config) -> str | None:
@@ -121,7 +111,10 @@ def graph_key(graph_module: torch.fx.GraphModule, config: Config) -> str | None:
             lines.append(line)
         elif node.op == "call_module":
             return None
-    lines.append(_configs())
+    try:
+        lines.append(_configs())
+    except Unstable:
+        return None
     return digest(*lines)
 
 
@@ -185,14 +178,16 @@ def _keep_guards(entries: Any) -> list[bool]:
     return [not _compat.is_dropped_guard(entry) for entry in entries]
 
 
-def compile_traced(graph_module: torch.fx.GraphModule, config: Config, kwargs: Any) -> TracedGraph | None:
-    """The CA graph compiled through a recording or a replay, when it qualifies; None: compile it as before."""
+def compile_traced(graph_module: torch.fx.GraphModule, config: Config, kwargs: Any, *, dynamic: bool | None = None) -> TracedGraph | None:
+    """The CA graph compiled through a recording or a replay, when it qualifies; None: compile it as before.
+
+    ``kwargs``: the ``torch.compile`` keywords the graph would get; ``dynamic``: its ``dynamic=``.
+    """
     if config.backend != "inductor" or set(kwargs) - {"options"} or not _compat.precompile_supported():
         return None
     key = graph_key(graph_module, config)
     if key is None:
         return None
-    dynamic = False if config.dynamic is False else None
     return TracedGraph(graph_module, kwargs.get("options"), dynamic, key)
 
 
@@ -200,6 +195,7 @@ def pending_records() -> dict[str, bytes]:
     """The records of this process's recorded graphs, serialized (those torch can replay), by key."""
     with _lock:
         pending = dict(_pending)
+        _pending.clear()  # serialized once; the recordings (and the graphs they hold) are let go
     for key, package in pending.items():
         if key not in _records:
             recorded = _compat.recorded_frame(package)
