@@ -108,3 +108,26 @@ def test_a_graph_whose_guards_cannot_be_kept_is_compiled_without_a_recording(mon
     assert traced.stats["refused"] + traced.stats["recorded"] == 1, traced.stats
     if _compat.TORCH_VERSION.startswith("2.13"):
         assert traced.stats["refused"] == 1, traced.stats
+
+
+@pytest.mark.inductor
+@pytest.mark.skipif(not _compat.precompile_supported(), reason="this torch cannot record a Dynamo trace")
+def test_a_record_this_torch_cannot_load_is_ignored_and_the_graph_recorded_anew(monkeypatch):
+    monkeypatch.setattr(traced, "stats", {"recorded": 0, "replayed": 0, "refused": 0})
+    monkeypatch.setattr(traced, "_pending", {})
+    monkeypatch.setattr(traced, "_find", lambda key: b"not a record")
+
+    def run() -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        weight = torch.nn.Parameter(PairTensor(torch.randn(4, 4), torch.randn(4, 4)))
+        x = PairTensor(torch.randn(3, 4), torch.randn(3, 4))
+        (x @ weight).sin().sum().backward()
+        return [weight.grad.a, weight.grad.b]
+
+    expected = run()
+    with subclass_ca.enable(backend="inductor"):
+        got = run()
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
+    assert traced.stats == {"recorded": 1, "replayed": 0, "refused": 0}, traced.stats
+    assert len(traced._pending) == 1
