@@ -9,6 +9,7 @@ import torch
 
 from . import _compat, _fsdp2, _split, diagnostics
 from ._warm_start import cacheable as _cacheable
+from ._warm_start.behaviour import cross_process_key
 from ._warm_start.traced import TracedGraph, compile_traced
 from ._epilogue import warn_fallback_once
 from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes
@@ -48,7 +49,10 @@ class CompiledCAGraph:
         self._config = config
         self._report = report
         self._traced: TracedGraph | None = None
-        self._compiled = self._compile(fullgraph)
+        self._behaviour: str | None = None
+        """The graph's key across processes, from its first call's inputs (Note [Keys by behaviour])."""
+        self._lazy_fullgraph = fullgraph
+        self._compiled: Any = None  # compiled at the first call, whose inputs give the behaviour key
         self._checked = not fullgraph or not subclass_nodes(graph_module.graph)
         self._graph_breaks_allowed = not fullgraph
         self._workarounds = _compat.ca_graph_run_patches()
@@ -63,9 +67,9 @@ class CompiledCAGraph:
         if self._compile_graph is not None:  # the compiler of a torch.compile-d train step (flag style)
             return self._compile_graph(self._graph_module)
         config = self._config
-        kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs)
+        kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs, self._behaviour)
         if fullgraph:  # Note [Skipping Dynamo's trace of an unchanged CA graph]
-            self._traced = compile_traced(self._graph_module, config, kwargs, **_sizes(config))
+            self._traced = compile_traced(self._graph_module, config, kwargs, self._behaviour, **_sizes(config))
             if self._traced is not None:
                 return self._traced.compiled
         return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)
@@ -122,7 +126,9 @@ class CompiledCAGraph:
         config = self._config
 
         def compile_piece(forward: Callable[..., Any], *, fullgraph: bool) -> Any:
-            kwargs = _cacheable.compile_kwargs(forward.__self__, config.backend, config.compile_kwargs)
+            # a piece's inputs are not known before it runs: its key is this process's (Note [Keys by behaviour])
+            local = cross_process_key("a split CA graph piece", forward, [], refuse="a piece between hooks") if config.cache else None
+            kwargs = _cacheable.compile_kwargs(forward.__self__, config.backend, config.compile_kwargs, local)
             return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)
 
         split = _split.split_graph(self._graph_module, points, compile_piece, self._report)
@@ -174,7 +180,22 @@ class CompiledCAGraph:
         self._report.graph_breaks += sorted(r for r, n in breaks.items() if n > breaks_before.get(r, 0))
         return result
 
+    def _behaviour_key(self, args: tuple[Any, ...]) -> str | None:
+        """The key under which this graph's compile may cross processes (Note [Keys by behaviour]); None: never cached."""
+        config = self._config
+        if not config.cache:
+            return None
+        if config.backend != "inductor" or "mode" in config.compile_kwargs:
+            return None  # no persistent cache serves this graph: nothing to key
+        hook_calls = _compat.hook_calls()
+        hooked = any(node.op == "call_function" and node.target in hook_calls for node in self._graph_module.graph.nodes)
+        refuse = "it calls hooks or a custom Function's backward (Python that may act outside the graph)" if hooked else None
+        return cross_process_key("a CA graph", self._graph_module, args, refuse=refuse)
+
     def _first_call(self, *args: Any, **kwargs: Any) -> Any:
+        if self._compiled is None:
+            self._behaviour = self._behaviour_key(args)
+            self._compiled = self._compile(self._lazy_fullgraph)
         traced = self._traced
         if traced is None:
             return self._compiled(*args, **kwargs)

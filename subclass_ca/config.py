@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["Config", "DYNAMIC_CHOICES", "ON_UNSUPPORTED", "SETTINGS", "CACHE_KEYED_SETTINGS", "FLAGS", "cache_key"]
+__all__ = ["Config", "CACHE_ENV", "DYNAMIC_CHOICES", "ON_UNSUPPORTED", "SETTINGS", "CACHE_KEYED_SETTINGS", "FLAGS", "cache_key"]
 
 ON_UNSUPPORTED: tuple[str, ...] = ("error", "eager")
+CACHE_ENV = "SUBCLASS_CA_CACHE"
+"""``SUBCLASS_CA_CACHE=0`` in the environment makes ``cache=False`` the default of every ``enable()``."""
 _RESERVED_COMPILE_KWARGS = ("backend", "fullgraph", "dynamic")
 """Set through their own fields, never through compile_kwargs."""
 DYNAMIC_CHOICES: tuple[bool | None, ...] = (None, True, False)
@@ -39,6 +42,11 @@ class Config:
     inside a post-accumulate-grad hook) raises :class:`GraphBreakError` naming the code, before any
     gradient.  False: Dynamo breaks the graph there and runs that code eagerly; the capture
     report lists the breaks."""
+
+    cache: bool = field(default_factory=lambda: os.environ.get(CACHE_ENV, "1") != "0")
+    """Let compiled CA graphs cross processes (torch's persistent caches, kept traces), each under the key of what
+    it computes (Note [Keys by behaviour] in ``_warm_start/behaviour.py``).  False keeps every CA graph out of
+    them, as stock compiled autograd does (the default is False when the environment sets ``SUBCLASS_CA_CACHE=0``)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.backend, str) or callable(self.backend)):

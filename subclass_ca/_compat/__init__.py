@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedTorchError
-from . import accumulate, aot_autograd, caches, compiled_autograd, dynamo, engine, fsdp, messages, precompile, version, workarounds
+from . import accumulate, aot_autograd, caches, compiled_autograd, dynamo, engine, fsdp, messages, precompile, tracing, version, workarounds
 from ._lookup import lookup
 from ._patch import BLOCKS, CA_CAPTURE, CA_GRAPH_RUN, AnyScope, AttributeSwap, CallSwap, PatchSet, Scope, Swap, gated, uninstall_resident
 from .accumulate import (
@@ -44,7 +44,13 @@ from .aot_autograd import (
     STABLE_PROLOGUES,
     swapped_epilogue,
 )
+from .tracing import DesugaredTrace, is_fake, SymbolicInputs, trace_desugared
 from .caches import (
+    AOT_CACHE_KEY,
+    aot_key_swap,
+    aot_key_swap_supported,
+    forward_entry_config,
+    forward_has_subclass_inputs,
     aot_forward_class,
     ca_op_name,
     CA_OPS_MODULE,
@@ -267,6 +273,15 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
         precompile.PRECOMPILE_PARTS["package"],
         "a restarted job traces each CA graph through Dynamo again before the caches hit "
         "(Note [Skipping Dynamo's trace of an unchanged CA graph])",
+    ),
+    "AOTAutogradCache key function": (
+        caches.AOT_CACHE_KEY,
+        "save_cache() writes no forward entry of a forward with a wrapper-subclass input (its key could not "
+        "describe the subclass's code; Note [Keys by behaviour])",
+    ),
+    "aten tracing on fake tensors": (
+        "torch.fx.experimental.proxy_tensor:make_fx",
+        "no CA graph and no subclass-input forward is reused across processes (no behaviour key; Note [Keys by behaviour])",
     ),
     "AOT lazy backward compiler": (
         "torch._functorch._aot_autograd.runtime_wrappers:_AutogradBackwardCompiler.get_or_compile",

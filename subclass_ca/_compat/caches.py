@@ -6,12 +6,14 @@ Note [Warm start through torch's caches] in ``subclass_ca/_warm_start/cacheable.
 from __future__ import annotations
 
 from collections.abc import Callable
+import hashlib
+import importlib
 from typing import Any
 
 import torch
 
 from ._lookup import lookup
-from ._patch import AttributeSwap
+from ._patch import AttributeSwap, gated
 
 __all__ = [
     "CACHE_PICKLER",
@@ -21,6 +23,11 @@ __all__ = [
     "PROLOGUE_MODULE",
     "PROLOGUE_NAME",
     "cache_global_swap",
+    "AOT_CACHE_KEY",
+    "aot_key_swap",
+    "aot_key_swap_supported",
+    "forward_entry_config",
+    "forward_has_subclass_inputs",
     "marked_cacheable_supported",
     "marked_cacheable_functions",
     "ca_op_name",
@@ -68,6 +75,62 @@ def cache_global_swap(key_of: Callable[[Any], str | None]) -> AttributeSwap:
         return staticmethod(_format_global_for_cache_key)
 
     return AttributeSwap(lambda: lookup(CACHE_PICKLER), "_format_global_for_cache_key", make)
+
+
+AOT_CACHE_KEY = "torch._functorch._aot_autograd.autograd_cache:autograd_cache_key"
+"""``autograd_cache_key(graph, example_inputs, aot_config, ...) -> (key, debug_lines)``, read as a module global by its callers."""
+
+
+def aot_key_swap_supported() -> bool:
+    """Whether this torch computes AOTAutogradCache keys through :data:`AOT_CACHE_KEY`."""
+    try:
+        return callable(lookup(AOT_CACHE_KEY))
+    except (ImportError, AttributeError):
+        return False
+
+
+def aot_key_swap(extension: Callable[[Any, Any, Any], str | None], scope: Any) -> AttributeSwap:
+    """AOTAutogradCache keys computed inside ``scope`` get ``extension(graph, example_inputs, aot_config)`` appended.
+
+    ``extension`` answers None where torch's key already describes the graph (Note [Keys by
+    behaviour] in ``subclass_ca/_warm_start/behaviour.py``); outside ``scope`` torch's key is unchanged.
+    """
+    module_name, _, attr = AOT_CACHE_KEY.partition(":")
+
+    def make(original: Any) -> Any:
+        def autograd_cache_key(mod: Any, example_inputs: Any, config: Any, *rest: Any, **kwargs: Any) -> Any:
+            key, lines = original(mod, example_inputs, config, *rest, **kwargs)
+            extra = extension(getattr(mod, "gm", mod), example_inputs, config)
+            if extra is None:
+                return key, lines
+            return key + digest_of(extra), [*lines, f"[subclass_ca behaviour]: {extra}"]
+
+        return gated(scope, original, autograd_cache_key)
+
+    return AttributeSwap(lambda: importlib.import_module(module_name), attr, make)
+
+
+def digest_of(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def forward_has_subclass_inputs(forward_cls: Any) -> bool:
+    """Whether an AOT function takes a wrapper-subclass input (unknown metadata: assume it does)."""
+    metadata = getattr(forward_cls, "metadata", None)
+    inputs = getattr(metadata, "subclass_inp_meta", None)
+    if inputs is None:
+        return True
+    return any(type(meta).__name__ == "SubclassCreationMeta" for meta in inputs)
+
+
+def forward_entry_config(forward_cls: Any) -> Any:
+    """The AOTConfig a forward was compiled with (the object its cache key was computed with), or None."""
+    impl = getattr(forward_cls, "_backward_impl", None)
+    for cell in getattr(impl, "__closure__", None) or ():
+        compiler = cell.cell_contents
+        if type(compiler).__name__ == "_AutogradBackwardCompiler":
+            return getattr(compiler, "aot_config", None)
+    return None
 
 
 def marked_cacheable_supported() -> bool:

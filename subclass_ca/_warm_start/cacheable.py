@@ -63,6 +63,7 @@ from typing import Any
 import torch
 
 from .. import _compat
+from .behaviour import behaviour_keyed
 from .fingerprint import Unstable, describe, digest, package_digest
 from .._recipe import all_recipes
 
@@ -171,16 +172,23 @@ def cacheable_names(graph_module: torch.fx.GraphModule) -> list[str]:
     return sorted(names)
 
 
-def compile_kwargs(graph_module: torch.fx.GraphModule, backend: Any, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``torch.compile`` keywords for one CA graph (or split piece): the user's, plus our allowlist for inductor."""
-    if backend != "inductor" or "mode" in kwargs or not _compat.marked_cacheable_supported():
+def compile_kwargs(
+    graph_module: torch.fx.GraphModule, backend: Any, kwargs: Mapping[str, Any], behaviour: str | None
+) -> Mapping[str, Any]:
+    """``torch.compile`` keywords for one CA graph (or split piece): the user's, plus our allowlist for inductor.
+
+    ``behaviour``: the graph's key from ``behaviour.cross_process_key`` (a behaviour key or this process's
+    nonce), the allowlist's value for each of its call targets, so it is part of torch's key; None keeps the
+    graph out of AOTAutogradCache, as stock does (``enable(cache=False)``).  Note [Keys by behaviour].
+    """
+    if behaviour is None or backend != "inductor" or "mode" in kwargs or not _compat.marked_cacheable_supported():
         return kwargs
     names = cacheable_names(graph_module)
     if not names:
         return kwargs
     options = dict(kwargs.get("options") or {})
     marked = {**_compat.marked_cacheable_functions(), **options.get(_compat.MARKED_CACHEABLE_OPTION, {})}
-    marked.update({name: "subclass_ca" for name in names if name not in marked})
+    marked.update({name: f"subclass_ca {behaviour}" for name in names if name not in marked})
     options[_compat.MARKED_CACHEABLE_OPTION] = marked
     return {**kwargs, "options": options}
 
@@ -193,10 +201,23 @@ def remember_forward(ctx: Any) -> None:
             _forwards.add(forward_cls)
 
 
+def _admitted(forward_cls: Any) -> bool:
+    """Whether a forward's entry may cross processes: torch's key describes it, or it got its behaviour key."""
+    if not _compat.forward_has_subclass_inputs(forward_cls):
+        return True
+    config = _compat.forward_entry_config(forward_cls)
+    return config is not None and behaviour_keyed(config)
+
+
 def complete_forward_entries() -> int:
-    """Compile the pending backwards of remembered AOT functions, writing their forwards' cache entries; returns how many."""
+    """Compile the pending backwards of remembered AOT functions, writing their forwards' cache entries; returns how many.
+
+    Only forwards whose key describes what they compute (Note [Keys by behaviour]); the others are
+    traced again by a restarted process.
+    """
     with _forwards_lock:
-        pending = [p for p in map(_compat.pending_forward_entry, list(_forwards)) if p is not None]
+        pending = [_compat.pending_forward_entry(f) for f in list(_forwards) if _admitted(f)]
+        pending = [p for p in pending if p is not None]
     for compile_backward in pending:
         compile_backward()
     return len(pending)

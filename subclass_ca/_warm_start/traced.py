@@ -92,12 +92,16 @@ def _configs() -> str:
     return "; ".join(describe(snapshot) for snapshot in _compat.portable_compile_configs())
 
 
-def graph_key(graph_module: torch.fx.GraphModule, config: Config) -> str | None:
-    """The record key of a CA graph (Note [Skipping Dynamo's trace of an unchanged CA graph]); None: not describable."""
+def graph_key(graph_module: torch.fx.GraphModule, config: Config, behaviour: str) -> str | None:
+    """The record key of a CA graph (Note [Skipping Dynamo's trace of an unchanged CA graph]); None: not describable.
+
+    ``behaviour``: what the graph computes on its first call's inputs (Note [Keys by behaviour]); the
+    rest of the key is what Dynamo's trace of the graph's code depends on.
+    """
     forward = graph_module.forward
     frame_globals = forward.__globals__
     lines = [package_digest(), f"torch {torch.__version__}", f"python {sys.version_info[:3]}", repr(cache_key(config)),
-             graph_module.code]
+             behaviour, graph_module.code]
     for name in sorted(set(forward.__code__.co_names) & frame_globals.keys()):
         line = _global_line(name, frame_globals[name])
         if line is None:
@@ -178,14 +182,19 @@ def _keep_guards(entries: Any) -> list[bool]:
     return [not _compat.is_dropped_guard(entry) for entry in entries]
 
 
-def compile_traced(graph_module: torch.fx.GraphModule, config: Config, kwargs: Any, *, dynamic: bool | None = None) -> TracedGraph | None:
+def compile_traced(
+    graph_module: torch.fx.GraphModule, config: Config, kwargs: Any, behaviour: str | None, *, dynamic: bool | None = None
+) -> TracedGraph | None:
     """The CA graph compiled through a recording or a replay, when it qualifies; None: compile it as before.
 
-    ``kwargs``: the ``torch.compile`` keywords the graph would get; ``dynamic``: its ``dynamic=``.
+    ``kwargs``: the ``torch.compile`` keywords the graph would get; ``behaviour``: its behaviour key
+    (None or this process's nonce: no record, Note [Keys by behaviour]); ``dynamic``: its ``dynamic=``.
     """
     if config.backend != "inductor" or set(kwargs) - {"options"} or not _compat.precompile_supported():
         return None
-    key = graph_key(graph_module, config)
+    if behaviour is None or behaviour.startswith("process-local"):
+        return None
+    key = graph_key(graph_module, config, behaviour)
     if key is None:
         return None
     return TracedGraph(graph_module, kwargs.get("options"), dynamic, key)

@@ -1,0 +1,118 @@
+"""Tracing a callable to the aten graph AOTAutograd would bake: fake inputs, wrapper subclasses desugared.
+
+Note [Keys by behaviour] in ``subclass_ca/_warm_start/behaviour.py`` says why; this module only traces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from ._lookup import lookup
+
+__all__ = ["DesugaredTrace", "trace_desugared", "SymbolicInputs", "is_fake"]
+
+
+class SymbolicInputs(Exception):
+    """An input has symbolic sizes: a static trace would describe another graph."""
+
+
+@dataclass(frozen=True)
+class DesugaredTrace:
+    """What :func:`trace_desugared` saw: the aten graph and the subclass structure around its plain tensors."""
+
+    graph_module: torch.fx.GraphModule
+    inputs: list[Any]
+    """Per input leaf: ``None`` (not a tensor: the value itself is not described) or its tensor structure."""
+    outputs: list[Any]
+    """Per output leaf, then per leaf input's ``.grad`` after the call: its tensor structure or the value."""
+    classes: list[type]
+    """Every wrapper subclass type met (inputs, outputs, gradients)."""
+
+
+def is_fake(value: Any) -> bool:
+    """Whether ``value`` is a fake tensor (values unknown: only metadata)."""
+    return isinstance(value, lookup("torch._subclasses.fake_tensor:FakeTensor"))
+
+
+def _is_subclass(value: Any) -> bool:
+    return bool(lookup("torch.utils._python_dispatch:is_traceable_wrapper_subclass")(value))
+
+
+def _has_symbols(t: torch.Tensor) -> bool:
+    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride())) or isinstance(t.storage_offset(), torch.SymInt)
+
+
+def _flatten_tensor(t: torch.Tensor, plain: list[torch.Tensor], classes: list[type]) -> Any:
+    """``t`` as a nested structure (type, ctx, size, stride, requires_grad, parts); plain tensors appended to ``plain``."""
+    if _has_symbols(t):
+        raise SymbolicInputs(f"a {type(t).__qualname__} with symbolic sizes {tuple(t.shape)}")
+    if _is_subclass(t):
+        classes.append(type(t))
+        names, ctx = t.__tensor_flatten__()
+        parts = [(name, _flatten_tensor(getattr(t, name), plain, classes)) for name in names
+                 if isinstance(getattr(t, name), torch.Tensor)]
+        return (type(t), ctx, tuple(t.shape), tuple(t.stride()), t.requires_grad, parts)
+    plain.append(t)
+    return (torch.Tensor, None, tuple(t.shape), tuple(t.stride()), t.requires_grad, len(plain) - 1)
+
+
+def _rebuild(structure: Any, plain: Sequence[torch.Tensor]) -> torch.Tensor:
+    cls, ctx, size, stride, requires_grad, parts = structure
+    if cls is torch.Tensor:
+        t = plain[parts]
+    else:
+        t = cls.__tensor_unflatten__({name: _rebuild(p, plain) for name, p in parts}, ctx, size, stride)
+    if requires_grad and not t.requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _structure_only(structure: Any) -> Any:
+    cls, ctx, size, stride, requires_grad, parts = structure
+    if cls is torch.Tensor:
+        return ("tensor", size, stride, requires_grad)
+    return (cls, ctx, size, stride, requires_grad, [(name, _structure_only(p)) for name, p in parts])
+
+
+def trace_desugared(fn: Callable[..., Any], args: Sequence[Any]) -> DesugaredTrace:
+    """``fn(*args)`` traced with ``make_fx`` on fake *copies* of ``args`` (the args are never touched).
+
+    Wrapper subclasses enter the trace as their plain inner tensors and are rebuilt inside it
+    (``__tensor_unflatten__``), so their ``__torch_dispatch__`` and everything it calls is
+    traced into aten ops, as AOTAutograd does; outputs and the ``.grad`` of leaf inputs come
+    out flattened the same way.  Raises :class:`SymbolicInputs` for inputs with symbolic sizes,
+    anything else ``make_fx`` or the subclass raises.
+    """
+    fake_tensor = lookup("torch._subclasses.fake_tensor")
+    make_fx = lookup("torch.fx.experimental.proxy_tensor:make_fx")
+    leaves, spec = pytree.tree_flatten(list(args))
+    classes: list[type] = []
+    plain: list[torch.Tensor] = []
+    structures = [_flatten_tensor(v, plain, classes) if isinstance(v, torch.Tensor) else None for v in leaves]
+    leaf_inputs = [i for i, (v, s) in enumerate(zip(leaves, structures)) if s is not None and v.is_leaf and v.requires_grad]
+    mode = fake_tensor.FakeTensorMode(static_shapes=True)
+    fakes = [mode.from_tensor(t.detach(), static_shapes=True) for t in plain]
+    out_structures: list[Any] = []
+
+    def desugared(*flat: torch.Tensor) -> list[torch.Tensor]:
+        rebuilt = [v if s is None else _rebuild(s, flat) for v, s in zip(leaves, structures)]
+        result = fn(*pytree.tree_unflatten(rebuilt, spec))
+        outs = [*pytree.tree_leaves(result), *(rebuilt[i].grad for i in leaf_inputs)]
+        flat_out: list[torch.Tensor] = []
+        out_structures.clear()
+        for value in outs:
+            if isinstance(value, torch.Tensor):
+                out_structures.append(_structure_only(_flatten_tensor(value, flat_out, classes)))
+            else:
+                out_structures.append(value)
+        return flat_out
+
+    with mode:
+        graph_module = make_fx(desugared, tracing_mode="real")(*fakes)
+    return DesugaredTrace(graph_module, [None if s is None else _structure_only(s) for s in structures],
+                          list(out_structures), classes)

@@ -1,0 +1,177 @@
+"""The one rule for reuse across processes: a key describes what a graph computes, by tracing it.
+
+Note [Keys by behaviour]
+------------------------
+A compiled artifact used in another process (an AOTAutogradCache entry of a CA graph, a kept
+Dynamo trace, a forward entry that ``save_cache()`` writes) must compute what the cold path
+would compute now.  AOT bakes into it whatever Python the graph reaches: a rebuild and the
+helpers it calls, ``__tensor_unflatten__``, the ``__torch_dispatch__`` of every wrapper subclass
+that flows through the graph, module constants, class attributes, closures, hidden object
+state.  Describing that code by names (a module by its name, a class by three methods, an
+object by ``repr``) misses every indirection, and no finite walk of code can promise otherwise.
+
+So a key describes behaviour by what it traces to, which is what AOT bakes:
+
+* **the behaviour key** of a graph and its inputs (:func:`behaviour_key`) is the aten graph
+  ``make_fx`` records for it on fake copies of the inputs, with every wrapper subclass
+  desugared (inputs enter as plain inner tensors and are rebuilt inside the trace, so their
+  dispatch is traced; outputs and the ``.grad`` of leaf inputs leave flattened), plus the
+  subclass structure around the plain tensors (types, flatten contexts, sizes and strides,
+  described by ``fingerprint.describe``), the values of constants the trace captured, and the
+  installed versions of the distributions that define the subclass types met (an upgrade
+  that changes only code the graph does not trace, such as runtime wrappers, is then a miss,
+  never a stale hit).  Our build, torch's and Python's versions are in it too.
+* **where it is used** — one key per artifact, no other path across processes:
+  - a CA graph's AOTAutogradCache entry: the graph is admitted to the cache only through our
+    allowlist (``cacheable.compile_kwargs``), whose value for the graph is its behaviour key
+    (the allowlist is an inductor config patch, part of torch's key);
+  - a kept trace (``traced.py``): its record key holds the behaviour key;
+  - a forward's entry (torch's key, computed when the forward compiles): for a forward with a
+    wrapper-subclass input, torch's key sees the subclass only through its flatten metadata,
+    so inside an ``enable()`` block the key gets the forward's behaviour key appended
+    (``_compat.aot_key_swap``), and ``save_cache()`` writes only forward entries whose key is
+    torch's own for plain inputs or was extended so.
+* **where it cannot be established** — symbolic sizes (the trace would be another graph),
+  hooks in the CA graph (they act on state outside it: FSDP2's unshard, an optimizer step),
+  anything the trace or a description raises — the key is this process's nonce: the entry is
+  used in this process and missed by every other one.  ``enable(cache=False)`` (or
+  ``SUBCLASS_CA_CACHE=0``) keeps CA graphs out of torch's persistent caches altogether, as
+  stock compiled autograd does.
+
+Cost: one ``make_fx`` trace per CA graph capture and per subclass-input forward compiled in
+a block, in every process (benchmarks/ gives the figures); on a restart it replaces AOT's own
+trace, partition and lowering, not Dynamo's guards.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import sys
+import threading
+import uuid
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .. import _compat
+from .fingerprint import Unstable, describe, digest, package_digest
+
+__all__ = ["behaviour_key", "cross_process_key", "forward_key_extension", "behaviour_keyed", "NONCE", "uncacheable_reasons"]
+
+NONCE = uuid.uuid4().hex
+"""This process's nonce: a key that holds it is never found by another process."""
+
+_keyed_configs: dict[int, weakref.ref[Any]] = {}
+_lock = threading.Lock()
+_reasons: dict[str, str] = {}
+
+
+@functools.cache
+def _distributions() -> dict[str, list[str]]:
+    return dict(importlib.metadata.packages_distributions())
+
+
+def _versions(classes: Sequence[type]) -> list[str]:
+    """The installed distributions (name==version) that define ``classes``; a class of none: its module's file."""
+    found = set()
+    for cls in classes:
+        top = (cls.__module__ or "").split(".")[0]
+        if top in ("torch", "builtins"):
+            continue  # torch's version is in every key
+        names = _distributions().get(top)
+        if names:
+            found.update(f"{name}=={importlib.metadata.version(name)}" for name in names)
+        else:
+            found.add(f"{cls.__module__} (no distribution)")
+    return sorted(found)
+
+
+def _graph_lines(graph_module: torch.fx.GraphModule) -> list[str]:
+    lines = [graph_module.code]
+    for node in graph_module.graph.nodes:
+        value = node.meta.get("val")
+        if node.op == "placeholder" and isinstance(value, torch.Tensor):
+            lines.append(f"{node.name}: {value.dtype} {value.device} {tuple(value.shape)} {value.stride()}")
+        elif node.op == "get_attr":
+            attr = getattr(graph_module, str(node.target))
+            if not isinstance(attr, torch.Tensor):
+                raise Unstable(f"a graph attribute {node.target} of type {type(attr).__qualname__}")
+            if _compat.is_fake(attr):
+                raise Unstable(f"a fake constant {node.target} (its values are unknown at trace time)")
+            data = attr.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            lines.append(f"{node.target}: {attr.dtype} {tuple(attr.shape)} {attr.stride()} {digest(data.hex())}")
+    return lines
+
+
+def behaviour_key(fn: Callable[..., Any], args: Sequence[Any]) -> str:
+    """What ``fn(*args)`` computes, as a key two processes share exactly when it computes the same (Note [Keys by behaviour]).
+
+    Raises :class:`Unstable` (with the reason) where that cannot be established.
+    """
+    try:
+        trace = _compat.trace_desugared(fn, args)
+    except _compat.SymbolicInputs as why:
+        raise Unstable(str(why)) from None
+    except Exception as error:  # noqa: BLE001  -- a key must never fail the compile it keys
+        raise Unstable(f"tracing it raised {type(error).__name__}: {str(error).strip()[:200]}") from None
+    return digest(
+        package_digest(), f"torch {torch.__version__}", f"python {sys.version_info[:3]}",
+        *_graph_lines(trace.graph_module),
+        describe(trace.inputs), describe(trace.outputs),
+        *_versions(trace.classes),
+    )
+
+
+def cross_process_key(what: str, fn: Callable[..., Any], args: Sequence[Any], *, refuse: str | None = None) -> str:
+    """The behaviour key of ``fn(*args)``, or this process's nonce with the reason (``refuse``: a reason known already)."""
+    if refuse is None:
+        try:
+            return behaviour_key(fn, args)
+        except Unstable as why:
+            refuse = str(why)
+    _reasons[what] = refuse
+    return f"process-local {NONCE}"
+
+
+def forward_key_extension(graph_module: torch.fx.GraphModule, example_inputs: Sequence[Any], aot_config: Any) -> str | None:
+    """What to add to torch's AOTAutogradCache key of a forward inside a block; None: torch's key describes it.
+
+    torch's key is the Dynamo graph, its globals and its inputs' metadata: complete for plain
+    inputs, blind to a wrapper subclass's code.  Such a forward gets its behaviour key.
+    """
+    if not any(_compat.is_traceable_wrapper_subclass(v) for v in example_inputs) or _is_ca_graph(graph_module):
+        return None  # plain inputs: torch's key is complete; a CA graph: keyed through our allowlist
+    key = cross_process_key(f"a forward with {_subclass_names(example_inputs)} inputs", graph_module, example_inputs)
+    if not key.startswith("process-local"):
+        with _lock:
+            _keyed_configs[id(aot_config)] = weakref.ref(aot_config)
+    return key
+
+
+def _is_ca_graph(graph_module: torch.fx.GraphModule) -> bool:
+    for node in graph_module.graph.nodes:
+        target = node.target
+        if node.op == "call_function" and (
+            hasattr(target, "_subclass_ca_type") or _compat.ca_op_name(target) is not None or _compat.is_stable_prologue(target)
+        ):
+            return True
+    return False
+
+
+def _subclass_names(values: Sequence[Any]) -> str:
+    return ", ".join(sorted({type(v).__qualname__ for v in values if _compat.is_traceable_wrapper_subclass(v)}))
+
+
+def behaviour_keyed(aot_config: Any) -> bool:
+    """Whether a forward compiled with ``aot_config`` got its behaviour key (see :func:`forward_key_extension`)."""
+    with _lock:
+        ref = _keyed_configs.get(id(aot_config))
+    return ref is not None and ref() is aot_config
+
+
+def uncacheable_reasons() -> dict[str, str]:
+    """What got this process's nonce instead of a behaviour key in this process, and why."""
+    return dict(_reasons)
