@@ -26,7 +26,10 @@ CA graph is compiled, :func:`canonical_form` rewrites the nodes pasted from AOT 
    ``get_attr`` placed just before its first use;
 3. every other pasted node is named after its operation and position (``aot0_mul``,
    ``aot0_mul_1``, ... in graph order); the pasted graph's inputs (slots of the prologue's result)
-   keep the names both forms share.
+   keep the names both forms share;
+4. the ``aot<id>_`` prefixes, numbered by a per-process count of AOT functions (a process that
+   compiled other forwards first, or loaded some from the cache, counts differently), are
+   renumbered ``aot0_``, ``aot1_``, ... in the order they first appear in the graph.
 
 And nothing in the graph is decided from fake values: the first accumulation of a rebuilt
 subclass gradient always steals like eager (Note [Subclass gradients and AccumulateGrad] in
@@ -112,6 +115,17 @@ def canonical_form(graph_module: torch.fx.GraphModule) -> bool:
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
     reads: dict[int, torch.fx.Node] = {}  # id(constant) -> its one get_attr
     counts: dict[str, int] = {}
+    prefixes: dict[str, str] = {}  # rule 4
+
+    def canonical_prefix(prefix: str) -> str:
+        found = prefixes.get(prefix)
+        if found is None:
+            found = prefixes[prefix] = f"aot{len(prefixes)}_"
+        return found
+
+    def canonical_name(name: str) -> str:
+        prefix = _compat.pasted_aot_prefix(name)
+        return name if prefix is None else canonical_prefix(prefix) + name[len(prefix):]
 
     def read(node: torch.fx.Node) -> torch.fx.Node:
         value = constants.get(node)
@@ -119,7 +133,7 @@ def canonical_form(graph_module: torch.fx.GraphModule) -> bool:
             return copies[node]
         found = reads.get(id(value))
         if found is None:
-            prefix = _compat.pasted_aot_prefix(node.name)
+            prefix = canonical_prefix(_compat.pasted_aot_prefix(node.name))
             index = counts[prefix] = counts.get(prefix, -1) + 1
             attribute = f"{prefix}constant{index}"
             setattr(graph_module, attribute, value)
@@ -131,7 +145,7 @@ def canonical_form(graph_module: torch.fx.GraphModule) -> bool:
             continue  # read where first used
         args = torch.fx.map_arg(node.args, read)
         kwargs = torch.fx.map_arg(node.kwargs, read)
-        copied = rewritten.create_node(node.op, node.target, args, kwargs, _node_name(node) or node.name, node.type)
+        copied = rewritten.create_node(node.op, node.target, args, kwargs, canonical_name(_node_name(node) or node.name), node.type)
         copied.meta = copy.copy(node.meta)
         copies[node] = copied
     if rewritten.python_code("self").src == graph.python_code("self").src:

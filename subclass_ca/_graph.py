@@ -67,7 +67,7 @@ class CompiledCAGraph:
         if self._compile_graph is not None:  # the compiler of a torch.compile-d train step (flag style)
             return self._compile_graph(self._graph_module)
         config = self._config
-        kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs, self._behaviour)
+        kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs, config.cache)
         if fullgraph:  # Note [Skipping Dynamo's trace of an unchanged CA graph]
             self._traced = compile_traced(self._graph_module, config, kwargs, self._behaviour, **_sizes(config))
             if self._traced is not None:
@@ -126,9 +126,7 @@ class CompiledCAGraph:
         config = self._config
 
         def compile_piece(forward: Callable[..., Any], *, fullgraph: bool) -> Any:
-            # a piece's inputs are not known before it runs: its key is this process's (Note [Keys by behaviour])
-            local = cross_process_key("a split CA graph piece", forward, [], refuse="a piece between hooks") if config.cache else None
-            kwargs = _cacheable.compile_kwargs(forward.__self__, config.backend, config.compile_kwargs, local)
+            kwargs = _cacheable.compile_kwargs(forward.__self__, config.backend, config.compile_kwargs, config.cache)
             return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)
 
         split = _split.split_graph(self._graph_module, points, compile_piece, self._report)

@@ -51,6 +51,7 @@ from .caches import (
     aot_key_swap_supported,
     forward_entry_config,
     forward_has_subclass_inputs,
+    Uncacheable,
     aot_forward_class,
     ca_op_name,
     CA_OPS_MODULE,

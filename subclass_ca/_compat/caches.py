@@ -25,6 +25,7 @@ __all__ = [
     "cache_global_swap",
     "AOT_CACHE_KEY",
     "aot_key_swap",
+    "Uncacheable",
     "aot_key_swap_supported",
     "forward_entry_config",
     "forward_has_subclass_inputs",
@@ -89,18 +90,31 @@ def aot_key_swap_supported() -> bool:
         return False
 
 
-def aot_key_swap(extension: Callable[[Any, Any, Any], str | None], scope: Any) -> AttributeSwap:
-    """AOTAutogradCache keys computed inside ``scope`` get ``extension(graph, example_inputs, aot_config)`` appended.
+class Uncacheable(Exception):
+    """Raised by an ``aot_key_swap`` extension: this graph's compile must not enter AOTAutogradCache at all."""
 
-    ``extension`` answers None where torch's key already describes the graph (Note [Keys by
-    behaviour] in ``subclass_ca/_warm_start/behaviour.py``); outside ``scope`` torch's key is unchanged.
+
+def aot_key_swap(extension: Callable[[Any, Any, Any], str | None], scope: Any) -> AttributeSwap:
+    """AOTAutogradCache keys computed inside ``scope`` get ``extension(module, example_inputs, aot_config)`` appended.
+
+    ``module``: what AOT compiles, a GraphModule or torch's wrapper of one with flat inputs (its ``gm``).
+
+    ``extension`` answers None where torch's key already describes the graph, and raises
+    :class:`Uncacheable` where nothing can (torch then bypasses its cache for that compile, as
+    for any graph it cannot key); Note [Keys by behaviour] in ``subclass_ca/_warm_start/behaviour.py``.
+    Outside ``scope`` torch's key is unchanged.
     """
     module_name, _, attr = AOT_CACHE_KEY.partition(":")
 
     def make(original: Any) -> Any:
         def autograd_cache_key(mod: Any, example_inputs: Any, config: Any, *rest: Any, **kwargs: Any) -> Any:
             key, lines = original(mod, example_inputs, config, *rest, **kwargs)
-            extra = extension(getattr(mod, "gm", mod), example_inputs, config)
+            try:
+                extra = extension(mod, example_inputs, config)
+            except Uncacheable as why:
+                raise lookup("torch._functorch._aot_autograd.autograd_cache:BypassAOTAutogradCache")(
+                    f"subclass_ca: {why}"
+                ) from None
             if extra is None:
                 return key, lines
             return key + digest_of(extra), [*lines, f"[subclass_ca behaviour]: {extra}"]

@@ -91,6 +91,9 @@ def trace_desugared(fn: Callable[..., Any], args: Sequence[Any]) -> DesugaredTra
     fake_tensor = lookup("torch._subclasses.fake_tensor")
     make_fx = lookup("torch.fx.experimental.proxy_tensor:make_fx")
     leaves, spec = pytree.tree_flatten(list(args))
+    symbolic = next((v for v in leaves if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))), None)
+    if symbolic is not None:
+        raise SymbolicInputs(f"a symbolic input ({symbolic})")
     classes: list[type] = []
     plain: list[torch.Tensor] = []
     structures = [_flatten_tensor(v, plain, classes) if isinstance(v, torch.Tensor) else None for v in leaves]

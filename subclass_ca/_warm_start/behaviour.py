@@ -59,7 +59,7 @@ import torch
 from .. import _compat
 from .fingerprint import Unstable, describe, digest, package_digest
 
-__all__ = ["behaviour_key", "cross_process_key", "forward_key_extension", "behaviour_keyed", "NONCE", "uncacheable_reasons"]
+__all__ = ["behaviour_key", "cross_process_key", "aot_key_extension", "behaviour_keyed", "NONCE", "uncacheable_reasons"]
 
 NONCE = uuid.uuid4().hex
 """This process's nonce: a key that holds it is never found by another process."""
@@ -136,18 +136,26 @@ def cross_process_key(what: str, fn: Callable[..., Any], args: Sequence[Any], *,
     return f"process-local {NONCE}"
 
 
-def forward_key_extension(graph_module: torch.fx.GraphModule, example_inputs: Sequence[Any], aot_config: Any) -> str | None:
-    """What to add to torch's AOTAutogradCache key of a forward inside a block; None: torch's key describes it.
+def aot_key_extension(module: Any, example_inputs: Sequence[Any], aot_config: Any) -> str | None:
+    """What to add to torch's AOTAutogradCache key of a graph compiled inside a block (Note [Keys by behaviour]).
 
-    torch's key is the Dynamo graph, its globals and its inputs' metadata: complete for plain
-    inputs, blind to a wrapper subclass's code.  Such a forward gets its behaviour key.
+    torch's key is the Dynamo graph, its globals and its inputs' metadata: complete for a graph of
+    torch ops over plain inputs (None: torch's key stands), blind to a wrapper subclass's code and
+    type and to what our CA graph call targets do.  Such a graph gets its behaviour key, or raises
+    :class:`_compat.Uncacheable` (torch bypasses its cache for it) where that cannot be established.
     """
-    if not any(_compat.is_traceable_wrapper_subclass(v) for v in example_inputs) or _is_ca_graph(graph_module):
-        return None  # plain inputs: torch's key is complete; a CA graph: keyed through our allowlist
-    key = cross_process_key(f"a forward with {_subclass_names(example_inputs)} inputs", graph_module, example_inputs)
-    if not key.startswith("process-local"):
-        with _lock:
-            _keyed_configs[id(aot_config)] = weakref.ref(aot_config)
+    with_subclass = any(_compat.is_traceable_wrapper_subclass(v) for v in example_inputs)
+    ca_graph = _is_ca_graph(getattr(module, "gm", module))
+    if not (with_subclass or ca_graph):
+        return None
+    what = "a CA graph" if ca_graph else f"a forward with {_subclass_names(example_inputs)} inputs"
+    try:
+        key = behaviour_key(module, example_inputs)
+    except Unstable as why:
+        _reasons[what] = str(why)
+        raise _compat.Uncacheable(f"{what} has no key by behaviour: {why}") from None
+    with _lock:
+        _keyed_configs[id(aot_config)] = weakref.ref(aot_config)
     return key
 
 

@@ -172,23 +172,23 @@ def cacheable_names(graph_module: torch.fx.GraphModule) -> list[str]:
     return sorted(names)
 
 
-def compile_kwargs(
-    graph_module: torch.fx.GraphModule, backend: Any, kwargs: Mapping[str, Any], behaviour: str | None
-) -> Mapping[str, Any]:
+def compile_kwargs(graph_module: torch.fx.GraphModule, backend: Any, kwargs: Mapping[str, Any], cache: bool) -> Mapping[str, Any]:
     """``torch.compile`` keywords for one CA graph (or split piece): the user's, plus our allowlist for inductor.
 
-    ``behaviour``: the graph's key from ``behaviour.cross_process_key`` (a behaviour key or this process's
-    nonce), the allowlist's value for each of its call targets, so it is part of torch's key; None keeps the
-    graph out of AOTAutogradCache, as stock does (``enable(cache=False)``).  Note [Keys by behaviour].
+    The allowlist only admits the graph to AOTAutogradCache; its key is what the graph computes,
+    appended by ``behaviour.aot_key_extension`` (Note [Keys by behaviour]), so a torch without
+    that hook admits nothing.  ``cache=False`` (``enable(cache=False)``) keeps the graph out, as stock does.
     """
-    if behaviour is None or backend != "inductor" or "mode" in kwargs or not _compat.marked_cacheable_supported():
+    if not cache or backend != "inductor" or "mode" in kwargs or not _compat.marked_cacheable_supported():
+        return kwargs
+    if not _compat.aot_key_swap_supported():
         return kwargs
     names = cacheable_names(graph_module)
     if not names:
         return kwargs
     options = dict(kwargs.get("options") or {})
     marked = {**_compat.marked_cacheable_functions(), **options.get(_compat.MARKED_CACHEABLE_OPTION, {})}
-    marked.update({name: f"subclass_ca {behaviour}" for name in names if name not in marked})
+    marked.update({name: "subclass_ca" for name in names if name not in marked})
     options[_compat.MARKED_CACHEABLE_OPTION] = marked
     return {**kwargs, "options": options}
 

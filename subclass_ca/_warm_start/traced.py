@@ -139,9 +139,21 @@ class TracedGraph:
 
     def __init__(self, graph_module: torch.fx.GraphModule, options: dict[str, Any] | None, dynamic: bool | None, key: str) -> None:
         self._forward = graph_module.forward
-        self._backend = _compat.flat_input_backend(_compat.inductor_backend(options, dynamic))
+        backend = _compat.flat_input_backend(_compat.inductor_backend(options, dynamic))
+        self._compiles = 0
+
+        def counted_backend(*args: Any, **kwargs: Any) -> Any:
+            # A second compile of the frame (other inputs, e.g. another subclass type) is not what
+            # the key describes: the recording is dropped (Note [Keys by behaviour]).
+            self._compiles += 1
+            if self._compiles > 1:
+                self._drop_recording()
+            return backend(*args, **kwargs)
+
+        self._backend = counted_backend
         self._dynamic = dynamic
         self.key = key
+        self._recording: Any = None
         recorded = _find(key)
         self.package = None
         if recorded is not None:
@@ -169,9 +181,16 @@ class TracedGraph:
         self.compiled = self._optimize(None)
         return self.compiled
 
+    def _drop_recording(self) -> None:
+        with _lock:
+            if self._recording is not None and _pending.get(self.key) is self._recording:
+                del _pending[self.key]
+        self._recording = None
+
     def compiled_once(self) -> None:
         """The first call succeeded: the recording (if any) is complete and waits for ``save_cache()``."""
-        if self.package is not None:
+        if self.package is not None and self._compiles <= 1:
+            self._recording = self.package
             with _lock:
                 _pending[self.key] = self.package
             stats["recorded"] += 1

@@ -1,0 +1,83 @@
+"""One process of the never-stale tests: every ``knobs`` type, one program, one warm-start form.
+
+``python tests/warm_start/stale_worker.py '<json>'`` with ``package`` (the folder holding ``knobs``),
+``programs``, each of ("compiled": a compiled forward; "eager": an eager forward; "step": a ``torch.compile``-d
+train step calling ``loss.backward()`` with ``compiled_autograd=True``), ``form`` ("folder": torch's
+cache folder alone; "file": ``save_cache(path)`` / ``load_cache(path)``; "traced": ``save_cache()``
+into the folder, kept traces included), as ``save`` (a path, or null for the folder) and ``load`` (a path).  Prints one JSON line:
+per type the gradients under ``subclass_ca.enable(backend="inductor")`` and eager's, computed in
+this process, and the process's cache counters (AOTAutogradCache hits, kept traces replayed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+import torch
+
+
+def _inner(t: torch.Tensor) -> list[float]:
+    if hasattr(t, "a"):
+        return _inner(t.a) + _inner(t.b)
+    return t.detach().double().flatten().tolist()
+
+
+def main(settings: dict) -> dict:
+    sys.path.insert(0, settings["package"])
+    import knobs.types
+
+    import subclass_ca
+    from subclass_ca import _compat
+    from subclass_ca._warm_start import traced
+
+    if settings.get("load"):
+        subclass_ca.load_cache(settings["load"])
+    torch.set_num_threads(1)
+    torch._dynamo.config.recompile_limit = 64  # one code object (loss_of, step) per type: 9 compiles each, by design
+    result: dict = {"types": {}}
+    names = settings.get("types") or [t for t in dir(knobs.types) if t.endswith("Pair") and t != "KnobPair"]
+    for program, name in [(p, n) for p in settings["programs"] for n in names]:
+        cls = getattr(knobs.types, name)
+        torch.manual_seed(0)
+        w0, x = torch.randn(6, 6), torch.randn(3, 6)
+        depth = 1 + names.index(name)  # an autograd graph per type: one CA graph each, all sizes static
+
+        def loss_of(w, inputs):
+            h = inputs @ w
+            for _ in range(depth):
+                h = h.tanh()
+            return h.sum()
+
+        eager = torch.nn.Parameter(cls(w0.clone(), w0 * 0.5))
+        loss_of(eager, x).backward()
+        w = torch.nn.Parameter(cls(w0.clone(), w0 * 0.5))
+        if program == "compiled":
+            forward = torch.compile(loss_of, backend="inductor")
+            with subclass_ca.enable(backend="inductor"):
+                forward(w, x).backward()
+        elif program == "eager":
+            with subclass_ca.enable(backend="inductor"):
+                loss_of(w, x).backward()
+        else:
+            def step(inputs):
+                loss = loss_of(w, inputs)
+                loss.backward()
+                return loss.detach()
+
+            with torch._dynamo.config.patch(compiled_autograd=True), subclass_ca.enable(backend="inductor"):
+                torch.compile(step, backend="inductor")(x)
+        result["types"][f"{program} {name}"] = {"grad": _inner(w.grad), "eager": _inner(eager.grad)}
+    if "save" in settings:  # a path: save_cache(path); null: save_cache() (the cache folder's kept traces)
+        subclass_ca.save_cache(settings["save"])
+    result["aot_hits"] = _compat.cache_counters()["aot_hit"]
+    result["replayed"] = traced.stats["replayed"]
+    result["recorded"] = traced.stats["recorded"]
+    from subclass_ca._warm_start import behaviour
+    result["no_key"] = behaviour.uncacheable_reasons()
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))

@@ -1,0 +1,100 @@
+"""A restarted process never runs a stale compiled backward, and an unchanged one still replays (issue 44).
+
+Each chain: run 1 compiles every ``knobs`` type with the "bug" (``scale=2.0``) into a cache; runs 2
+and 3 use the "fix" (``scale=1.0``, another installed version) with that cache, in one of three
+forms: torch's cache folder alone; ``save_cache(path)``/``load_cache(path)`` into an empty folder;
+``save_cache()``'s kept traces in the folder.  Run 2's gradients must equal run 2's eager (a
+stale entry would give run 1's), and run 3, unchanged from run 2, must hit the cache (a fix that
+never caches fails here).  Programs: a compiled forward, an eager forward, a compiled train step
+that calls ``loss.backward()`` itself (its CA graph is compiled by the step's own compiler, which
+torch never caches: there only the forward entries ``save_cache()`` writes can replay).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from subclass_ca import _compat
+from tests.warm_start.knobs_package import TYPES, write_package
+
+WORKER = Path(__file__).with_name("stale_worker.py")
+PROGRAMS = ("compiled", "eager", "step")
+
+pytestmark = [
+    pytest.mark.inductor,
+    pytest.mark.slow,
+    pytest.mark.skipif(not _compat.marked_cacheable_supported(), reason="this torch cannot cache CA graphs at all"),
+]
+
+
+def _run(cache_dir: Path, package: Path, **settings) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [sys.executable, str(WORKER), json.dumps({"package": str(package), "programs": PROGRAMS, **settings})],
+        env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _assert_eager(result: dict, *, run: str) -> None:
+    assert len(result["types"]) == len(TYPES) * len(PROGRAMS)
+    for case, grads in result["types"].items():
+        torch.testing.assert_close(
+            torch.tensor(grads["grad"]), torch.tensor(grads["eager"]), rtol=1e-5, atol=1e-5,
+            msg=lambda m, case=case: f"{run}: {case} differs from this process's eager (a stale compile?): {m}",
+        )
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    root = tmp_path_factory.mktemp("knobs")
+    return write_package(root / "bug", scale=2.0, version="1.0"), write_package(root / "fix", scale=1.0, version="2.0")
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, packages):
+    """Run 1 (the bug): its cache folder with AOT entries and kept traces, and its cache file."""
+    root = tmp_path_factory.mktemp("first")
+    result = _run(root / "cache", packages[0], save=str(root / "bug.bin"))
+    wrong = [c for c, g in result["types"].items() if not torch.allclose(torch.tensor(g["grad"]), torch.tensor(g["eager"]))]
+    # the bug shows in every type whose knob eager never runs: run 2 can tell a stale hit from a fresh compile
+    expected = {f"{program} {name}" for program in PROGRAMS for name in TYPES if name != "DispatchPair"}
+    assert expected <= set(wrong), sorted(expected - set(wrong))
+    return root
+
+
+def _folder_for(form: str, first: Path, tmp_path: Path) -> tuple[Path, dict]:
+    cache = tmp_path / "cache"
+    if form == "folder":  # torch's folder as run 1 left it, without the kept traces save_cache() added
+        shutil.copytree(first / "cache", cache, ignore=shutil.ignore_patterns("subclass_ca_traced"))
+        return cache, {}
+    if form == "traced":
+        shutil.copytree(first / "cache", cache)
+        return cache, {"save": None}
+    return cache, {"load": str(first / "bug.bin"), "save": str(tmp_path / "fix.bin")}
+
+
+@pytest.mark.parametrize("form", ["folder", "file", "traced"])
+def test_a_changed_program_recompiles_and_an_unchanged_one_replays(form, packages, first_run, tmp_path):
+    cache, settings = _folder_for(form, first_run, tmp_path)
+    second = _run(cache, packages[1], **settings)
+    _assert_eager(second, run="run 2 (the fix, with run 1's cache)")
+    if form == "file":
+        shutil.rmtree(cache)  # run 3 starts from run 2's file alone
+        settings = {"load": str(tmp_path / "fix.bin")}
+    third = _run(cache, packages[1], **settings)
+    _assert_eager(third, run="run 3 (unchanged)")
+    graphs = len(TYPES) * 2  # the CA graphs of the compiled and the eager forward (the step's are torch's own)
+    # each CA graph either replays its kept trace (save_cache()) or hits its AOTAutogradCache entry
+    assert third["replayed"] + third["aot_hits"] >= graphs, {k: v for k, v in third.items() if k != "types"}
+    if form != "folder" and _compat.precompile_supported():
+        assert third["replayed"] >= graphs, {k: v for k, v in third.items() if k != "types"}
