@@ -31,7 +31,7 @@ import torch
 
 from . import _compat, diagnostics
 from ._warm_start import cacheable as _cacheable
-from ._warm_start.behaviour import aot_key_extension
+from ._warm_start.behaviour import aot_key_extension, remember_keyed
 from ._accumulate import accumulate_dummy_swap, accumulation_dtype
 from ._compiler import CACompiler, cache_token
 from ._epilogue import proxy_call_aot_backward
@@ -125,7 +125,7 @@ RUNTIME_PATCHES = _compat.PatchSet(
         *_compat.capture_watch_swaps(diagnostics.capture_abandoned),
         *([_cacheable.cache_global_swap()] if _compat.marked_cacheable_supported() else []),  # Note [Warm start through torch's caches]
         *([_compat.guard_requires_grad_swap()] if _compat.precompile_supported() else []),  # Note [Skipping Dynamo's trace of an unchanged CA graph]
-        *([_compat.aot_key_swap(aot_key_extension, _compat.BLOCKS)] if _compat.aot_key_swap_supported() else []),  # Note [Keys by behaviour]
+        *([_compat.aot_key_swap(aot_key_extension, remember_keyed, _compat.BLOCKS)] if _compat.aot_key_swap_supported() else []),  # Note [Keys by behaviour]
     ],
     resident=True,
 )

@@ -49,7 +49,7 @@ from .caches import (
     AOT_CACHE_KEY,
     aot_key_swap,
     aot_key_swap_supported,
-    forward_entry_config,
+    forward_cache_key,
     forward_has_subclass_inputs,
     Uncacheable,
     aot_forward_class,

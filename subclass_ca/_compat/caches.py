@@ -27,7 +27,7 @@ __all__ = [
     "aot_key_swap",
     "Uncacheable",
     "aot_key_swap_supported",
-    "forward_entry_config",
+    "forward_cache_key",
     "forward_has_subclass_inputs",
     "marked_cacheable_supported",
     "marked_cacheable_functions",
@@ -94,7 +94,7 @@ class Uncacheable(Exception):
     """Raised by an ``aot_key_swap`` extension: this graph's compile must not enter AOTAutogradCache at all."""
 
 
-def aot_key_swap(extension: Callable[[Any, Any, Any], str | None], scope: Any) -> AttributeSwap:
+def aot_key_swap(extension: Callable[[Any, Any, Any], str | None], keyed: Callable[[str], None], scope: Any) -> AttributeSwap:
     """AOTAutogradCache keys computed inside ``scope`` get ``extension(module, example_inputs, aot_config)`` appended.
 
     ``module``: what AOT compiles, a GraphModule or torch's wrapper of one with flat inputs (its ``gm``).
@@ -117,7 +117,9 @@ def aot_key_swap(extension: Callable[[Any, Any, Any], str | None], scope: Any) -
                 ) from None
             if extra is None:
                 return key, lines
-            return key + digest_of(extra), [*lines, f"[subclass_ca behaviour]: {extra}"]
+            extended = key + digest_of(extra)
+            keyed(extended)
+            return extended, [*lines, f"[subclass_ca behaviour]: {extra}"]
 
         return gated(scope, original, autograd_cache_key)
 
@@ -137,13 +139,14 @@ def forward_has_subclass_inputs(forward_cls: Any) -> bool:
     return any(type(meta).__name__ == "SubclassCreationMeta" for meta in inputs)
 
 
-def forward_entry_config(forward_cls: Any) -> Any:
-    """The AOTConfig a forward was compiled with (the object its cache key was computed with), or None."""
+def forward_cache_key(forward_cls: Any) -> str | None:
+    """The AOTAutogradCache key a forward's entry would be written under (None: none, or unknown)."""
     impl = getattr(forward_cls, "_backward_impl", None)
     for cell in getattr(impl, "__closure__", None) or ():
         compiler = cell.cell_contents
         if type(compiler).__name__ == "_AutogradBackwardCompiler":
-            return getattr(compiler, "aot_config", None)
+            key = getattr(getattr(getattr(compiler, "aot_config", None), "cache_info", None), "cache_key", None)
+            return key if isinstance(key, str) else None
     return None
 
 

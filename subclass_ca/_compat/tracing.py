@@ -98,7 +98,7 @@ def trace_desugared(fn: Callable[..., Any], args: Sequence[Any]) -> DesugaredTra
     plain: list[torch.Tensor] = []
     structures = [_flatten_tensor(v, plain, classes) if isinstance(v, torch.Tensor) else None for v in leaves]
     leaf_inputs = [i for i, (v, s) in enumerate(zip(leaves, structures)) if s is not None and v.is_leaf and v.requires_grad]
-    mode = fake_tensor.FakeTensorMode(static_shapes=True)
+    mode = fake_tensor.FakeTensorMode(static_shapes=True, allow_non_fake_inputs=True)  # constants of the graph stay real
     fakes = [mode.from_tensor(t.detach(), static_shapes=True) for t in plain]
     out_structures: list[Any] = []
 

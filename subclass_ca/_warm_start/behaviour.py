@@ -50,7 +50,6 @@ import importlib.metadata
 import sys
 import threading
 import uuid
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,12 +58,12 @@ import torch
 from .. import _compat
 from .fingerprint import Unstable, describe, digest, package_digest
 
-__all__ = ["behaviour_key", "cross_process_key", "aot_key_extension", "behaviour_keyed", "NONCE", "uncacheable_reasons"]
+__all__ = ["behaviour_key", "cross_process_key", "aot_key_extension", "behaviour_keyed", "remember_keyed", "NONCE", "uncacheable_reasons"]
 
 NONCE = uuid.uuid4().hex
 """This process's nonce: a key that holds it is never found by another process."""
 
-_keyed_configs: dict[int, weakref.ref[Any]] = {}
+_keyed: set[str] = set()
 _lock = threading.Lock()
 _reasons: dict[str, str] = {}
 
@@ -154,9 +153,13 @@ def aot_key_extension(module: Any, example_inputs: Sequence[Any], aot_config: An
     except Unstable as why:
         _reasons[what] = str(why)
         raise _compat.Uncacheable(f"{what} has no key by behaviour: {why}") from None
-    with _lock:
-        _keyed_configs[id(aot_config)] = weakref.ref(aot_config)
     return key
+
+
+def remember_keyed(cache_key: str) -> None:
+    """An AOTAutogradCache key :func:`aot_key_extension` extended (its entry may be written by ``save_cache()``)."""
+    with _lock:
+        _keyed.add(cache_key)
 
 
 def _is_ca_graph(graph_module: torch.fx.GraphModule) -> bool:
@@ -173,11 +176,10 @@ def _subclass_names(values: Sequence[Any]) -> str:
     return ", ".join(sorted({type(v).__qualname__ for v in values if _compat.is_traceable_wrapper_subclass(v)}))
 
 
-def behaviour_keyed(aot_config: Any) -> bool:
-    """Whether a forward compiled with ``aot_config`` got its behaviour key (see :func:`forward_key_extension`)."""
+def behaviour_keyed(cache_key: str | None) -> bool:
+    """Whether an AOTAutogradCache key is one :func:`aot_key_extension` extended in this process."""
     with _lock:
-        ref = _keyed_configs.get(id(aot_config))
-    return ref is not None and ref() is aot_config
+        return cache_key in _keyed
 
 
 def uncacheable_reasons() -> dict[str, str]:

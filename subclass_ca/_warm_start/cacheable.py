@@ -205,8 +205,7 @@ def _admitted(forward_cls: Any) -> bool:
     """Whether a forward's entry may cross processes: torch's key describes it, or it got its behaviour key."""
     if not _compat.forward_has_subclass_inputs(forward_cls):
         return True
-    config = _compat.forward_entry_config(forward_cls)
-    return config is not None and behaviour_keyed(config)
+    return behaviour_keyed(_compat.forward_cache_key(forward_cls))
 
 
 def complete_forward_entries() -> int:
