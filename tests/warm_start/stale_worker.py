@@ -37,7 +37,7 @@ def main(settings: dict) -> dict:
     torch.set_num_threads(1)
     torch._dynamo.config.recompile_limit = 64  # one code object (loss_of, step) per type: 9 compiles each, by design
     result: dict = {"types": {}}
-    names = settings.get("types") or [t for t in dir(knobs.types) if t.endswith("Pair") and t != "KnobPair"]
+    names = list(settings["types"])
     for program, name in [(p, n) for p in settings["programs"] for n in names]:
         cls = getattr(knobs.types, name)
         torch.manual_seed(0)
