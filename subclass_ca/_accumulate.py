@@ -33,7 +33,9 @@ __all__ = [
 # every other one pays an allocation and a copy that eager does not.
 # :func:`steal_subclass_accumulates` retargets the first accumulation (``.grad`` was None at
 # capture) of every gradient one of our nodes rebuilds (proxy or inline mode) to
-# :func:`accumulate_subclass_grad`, which steals exactly when eager's layout rule does (matching
+# :func:`accumulate_subclass_grad`, which steals exactly when eager does: nothing reads the
+# gradient's values after it (one gradient handed to two parameters is cloned by the first
+# AccumulateGrad and stolen by the last, as eager's reference count decides), and its layout matches (matching
 # strides; a detached alias, as eager's ``new_grad.detach()``: torch 2.15 cannot fakeify the graph
 # output itself as the next capture's ``.grad``) and defers to torch otherwise.  The rule reads
 # only the graph, never the capture's fake values: a forward loaded from AOTAutograd's cache has none, and the CA graph captured from it
@@ -91,7 +93,9 @@ def steal_subclass_accumulates(graph_module: torch.fx.GraphModule) -> list[str]:
     stock = _compat.call_accumulate_grad()
     _stock_accumulate = stock
     retargeted = []
-    for node in list(graph_module.graph.nodes):
+    nodes = list(graph_module.graph.nodes)
+    position = {node: index for index, node in enumerate(nodes)}
+    for node in nodes:
         if node.op != "call_function" or node.target is not stock:
             continue
         parts = _compat.accumulate_node_parts(node.args)
@@ -100,12 +104,27 @@ def steal_subclass_accumulates(graph_module: torch.fx.GraphModule) -> list[str]:
         _, variable_grad, grad = parts
         meta = grad.meta.get("subclass_ca") if isinstance(grad, torch.fx.Node) else None
         first = variable_grad is None or variable_grad is _compat.NO_GRAD_ARG
-        if first and meta is not None and meta["mode"] != "opaque":
+        if first and meta is not None and meta["mode"] != "opaque" and not _still_referenced(grad, node, position):
             node.target = assign_subclass_grad if variable_grad is _compat.NO_GRAD_ARG else accumulate_subclass_grad
             retargeted.append(grad.target._subclass_ca_type.__name__)
     if retargeted:
         graph_module.recompile()
     return retargeted
+
+
+def _still_referenced(grad: torch.fx.Node, accumulate: torch.fx.Node, position: dict[torch.fx.Node, int]) -> bool:
+    """Whether the graph still reads ``grad``'s values after ``accumulate``: eager's AccumulateGrad then clones.
+
+    The values are the rebuilt node's inner tensors, which other rebuilt nodes may wrap too (one
+    gradient handed to two parameters: ``W0 + dW``); any read of the rebuilt node, of its inner
+    tensors or of another node wrapping them after ``accumulate`` keeps them referenced, as the
+    other AccumulateGrad keeps eager's gradient referenced (Note [Subclass gradients and AccumulateGrad]).
+    """
+    inner = [arg for arg in grad.all_input_nodes]
+    aliases = {grad, *inner}
+    for value in inner:
+        aliases.update(user for user in value.users if user.meta.get("subclass_ca") is not None)
+    return any(position[user] > position[accumulate] for alias in aliases for user in alias.users if user is not accumulate)
 
 
 def grad_placeholder(param: torch.Tensor) -> torch.Tensor | None:
