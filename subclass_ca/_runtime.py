@@ -35,6 +35,7 @@ from ._warm_start.behaviour import aot_key_extension, remember_keyed
 from ._accumulate import accumulate_dummy_swap, accumulation_dtype
 from ._compiler import CACompiler, cache_token
 from ._epilogue import proxy_call_aot_backward
+from ._ddp import before_ddp_forward
 from ._hooks import trace_wrapped_swaps
 from ._optimizer_step import frame_swaps
 from ._translate import translated
@@ -125,6 +126,7 @@ RUNTIME_PATCHES = _compat.PatchSet(
         *_compat.capture_watch_swaps(diagnostics.capture_abandoned),
         *([_cacheable.cache_global_swap()] if _compat.marked_cacheable_supported() else []),  # Note [Warm start through torch's caches]
         *([_compat.guard_requires_grad_swap()] if _compat.precompile_supported() else []),  # Note [Skipping Dynamo's trace of an unchanged CA graph]
+        *([_compat.pre_forward_swap(before_ddp_forward)] if _compat.ddp_supported() else []),  # Note [DDP under compiled autograd]
         *([_compat.aot_key_swap(aot_key_extension, remember_keyed, _compat.BLOCKS)] if _compat.aot_key_swap_supported() else []),  # Note [Keys by behaviour]
     ],
     resident=True,

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedTorchError
-from . import accumulate, aot_autograd, caches, compiled_autograd, dynamo, engine, fsdp, messages, precompile, tracing, version, workarounds
+from . import accumulate, aot_autograd, caches, compiled_autograd, ddp, dynamo, engine, fsdp, messages, precompile, tracing, version, workarounds
 from ._lookup import lookup
 from ._patch import BLOCKS, CA_CAPTURE, CA_GRAPH_RUN, AnyScope, AttributeSwap, CallSwap, PatchSet, Scope, Swap, gated, uninstall_resident
 from .accumulate import (
@@ -44,6 +44,7 @@ from .aot_autograd import (
     STABLE_PROLOGUES,
     swapped_epilogue,
 )
+from .ddp import ddp_features, ddp_supported, DDP_CLASS, pre_forward_swap, to_cpp_reducer, to_python_reducer, uses_python_reducer
 from .tracing import DesugaredTrace, is_fake, SymbolicInputs, trace_desugared
 from .caches import (
     AOT_CACHE_KEY,
@@ -274,6 +275,11 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
         precompile.PRECOMPILE_PARTS["package"],
         "a restarted job traces each CA graph through Dynamo again before the caches hit "
         "(Note [Skipping Dynamo's trace of an unchanged CA graph])",
+    ),
+    "DDP Python reducer": (
+        DDP_CLASS + "._register_accum_grad_hook",
+        "a DistributedDataParallel module with its C++ reducer fails inside enable() with torch's error "
+        "(set torch._dynamo.config.optimize_ddp='python_reducer' before building it)",
     ),
     "AOTAutogradCache key function": (
         caches.AOT_CACHE_KEY,

@@ -1,0 +1,78 @@
+"""Worker functions for the DDP tests (module level: ``run_workers`` pickles them)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import subclass_ca
+from subclass_ca import _compat
+
+TwoTensor = _compat.two_tensor_type()
+
+
+def _model(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+    if kind == "two_tensor":
+        for layer in (model[0], model[2]):
+            dense = layer.weight.detach()
+            layer.weight = torch.nn.Parameter(TwoTensor(dense.clone(), dense * 0.5))
+    elif kind == "unused":
+        model.append(torch.nn.Linear(4, 4))  # never called: find_unused_parameters
+    return model
+
+
+def _inner(t: torch.Tensor) -> list[torch.Tensor]:
+    if _compat.is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [inner for name in names for inner in _inner(getattr(t, name))]
+    return [t.detach().clone()]
+
+
+def _inner_views(t: torch.Tensor) -> list[torch.Tensor]:
+    if _compat.is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [inner for name in names for inner in _inner_views(getattr(t, name))]
+    return [t]
+
+
+def train(rank: int, world_size: int, kind: str, mode: str, optimize_ddp, style: str, steps: int = 3) -> list[torch.Tensor]:
+    """``mode``: eager (eager DDP) | manual (no DDP: each inner gradient all-reduced by hand, the definition of data
+    parallel) | ours; ``style``: forward (a compiled forward) | step (a compiled train step) | no_sync."""
+    if optimize_ddp != "default":
+        torch._dynamo.config.optimize_ddp = optimize_ddp
+    model = _model(kind)
+    ddp = model if mode == "manual" else DistributedDataParallel(model, find_unused_parameters=kind == "unused")
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    forward = ddp if mode in ("eager", "manual") else torch.compile(ddp, backend="aot_eager")
+
+    def step(x):
+        loss = forward(x).sin().sum()
+        loss.backward()
+        return loss.detach()
+
+    run = torch.compile(step, backend="aot_eager") if mode == "ours" and style == "step" else step
+    for index in range(steps):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * rank + index))
+        block = subclass_ca.enable(backend="aot_eager") if mode == "ours" else contextlib.nullcontext()
+        flag = torch._dynamo.config.patch(compiled_autograd=True) if style == "step" and mode == "ours" else contextlib.nullcontext()
+        with flag, block:
+            if style == "no_sync":  # two micro-batches, the first without all-reduce
+                with ddp.no_sync() if mode != "manual" else contextlib.nullcontext():
+                    run(x)
+                run(x * 0.5)
+            else:
+                run(x)
+        if mode == "manual":
+            for p in model.parameters():
+                for inner in _inner_views(p.grad) if p.grad is not None else ():
+                    dist.all_reduce(inner.div_(world_size))
+        optimizer.step()
+        optimizer.zero_grad()
+    # the parameters, and whether the block left torch's optimize_ddp as the program set it
+    flag_kept = torch._dynamo.config.optimize_ddp == (optimize_ddp if optimize_ddp != "default" else "ddp_optimizer")
+    return [inner for p in model.parameters() for inner in _inner(p)] + [torch.tensor(float(flag_kept))]
