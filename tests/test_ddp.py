@@ -46,3 +46,23 @@ def test_the_hand_reference_is_eager_ddp_for_plain_parameters():
     for got, expected in zip(_run("plain", "manual", "default", "no_sync"), _run("plain", "eager", "default", "no_sync"), strict=True):
         for g, e in zip(got, expected, strict=True):
             torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def test_a_ddp_module_gets_its_cpp_reducer_back_outside_the_block_and_a_static_graph_is_refused():
+    import subclass_ca
+    from subclass_ca.errors import SubclassCAError
+    from tests.distributed_utils import single_process_group
+
+    with single_process_group():
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        forward = torch.compile(ddp, backend="aot_eager")
+        with subclass_ca.enable():
+            forward(torch.randn(2, 4)).sum().backward()
+            assert ddp._use_python_reducer
+        reducer = ddp.reducer
+        ddp(torch.randn(2, 4)).sum().backward()  # outside: torch's own DDP again
+        assert not ddp._use_python_reducer and ddp.reducer is not reducer and not ddp._accum_grad_hooks
+
+        static = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), static_graph=True)
+        with pytest.raises(SubclassCAError, match="static_graph=True"), subclass_ca.enable():
+            static(torch.randn(2, 4)).sum().backward()
