@@ -126,6 +126,7 @@ RUNTIME_PATCHES = _compat.PatchSet(
         *_compat.capture_watch_swaps(diagnostics.capture_abandoned),
         *([_cacheable.cache_global_swap()] if _compat.marked_cacheable_supported() else []),  # Note [Warm start through torch's caches]
         *([_compat.guard_requires_grad_swap()] if _compat.precompile_supported() else []),  # Note [Skipping Dynamo's trace of an unchanged CA graph]
+        *([_compat.fsdp2_eager_hooks_swap(_compat.BLOCKS)] if _compat.fsdp2_loaded() and _compat.fsdp2_ca_detection_supported() else []),  # Note [FSDP2 under compiled autograd] (torch 2.11)
         *([_compat.pre_forward_swap(before_ddp_forward)] if _compat.ddp_supported() else []),  # Note [DDP under compiled autograd]
         *([_compat.aot_key_swap(aot_key_extension, remember_keyed, _compat.BLOCKS)] if _compat.aot_key_swap_supported() else []),  # Note [Keys by behaviour]
     ],

@@ -44,6 +44,7 @@ from .aot_autograd import (
     STABLE_PROLOGUES,
     swapped_epilogue,
 )
+from .fsdp import FSDP2_CA_DETECTION, fsdp2_ca_detection_supported, fsdp2_eager_hooks_swap
 from .ddp import ddp_features, ddp_supported, DDP_CLASS, pre_forward_swap, to_cpp_reducer, to_python_reducer, uses_python_reducer
 from .tracing import DesugaredTrace, is_fake, SymbolicInputs, trace_desugared
 from .caches import (

@@ -10,7 +10,7 @@ from typing import Any
 
 from ._lookup import lookup
 
-__all__ = ["FSDP2_TYPES", "fsdp2_loaded", "fsdp2_owners", "fsdp2_types", "fsdp2_state_of_hook", "fsdp2_states", "fsdp2_unfinished"]
+__all__ = ["FSDP2_TYPES", "FSDP2_CA_DETECTION", "fsdp2_ca_detection_supported", "fsdp2_eager_hooks_swap", "fsdp2_loaded", "fsdp2_owners", "fsdp2_types", "fsdp2_state_of_hook", "fsdp2_states", "fsdp2_unfinished"]
 
 FSDP2_TYPES = {
     "FSDPModule": "torch.distributed.fsdp:FSDPModule",
@@ -124,3 +124,40 @@ def fsdp2_unfinished(states: Sequence[Any]) -> list[str]:
         if getattr(getattr(state, "_state_ctx", None), "post_backward_final_callback_queued", False):
             problems.append("the root post-backward final callback is still queued")
     return sorted(set(problems))
+
+
+FSDP2_CA_DETECTION = "torch.distributed.fsdp._fully_shard._fsdp_state:detect_compiled_autograd"
+"""torch 2.11 only: FSDP2 reads "is compiled autograd on" once, at its root's lazy init (the first forward),
+into ``_fsdp_common._compiled_autograd_enabled``, and then skips tensor-subclass all-gather extensions
+(``fsdp_pre_all_gather``) for the whole process."""
+
+
+def fsdp2_ca_detection_supported() -> bool:
+    try:
+        lookup(FSDP2_CA_DETECTION)
+        return hasattr(lookup("torch.distributed.fsdp._fully_shard._fsdp_common"), "_compiled_autograd_enabled")
+    except (ImportError, AttributeError):
+        return False
+
+
+def fsdp2_eager_hooks_swap(scope: Any) -> Any:
+    """Inside ``scope``, FSDP2's lazy init records compiled autograd as off: subclass_ca runs its hooks eagerly.
+
+    Note [FSDP2 under compiled autograd] in ``subclass_ca/_fsdp2.py``: the CA graph is split at FSDP2's
+    hooks and they run as in eager FSDP2, which is what torch 2.12 and later FSDP2 do anyway; on 2.11 the
+    recorded flag would make those eager hooks skip a subclass's all-gather extension (an NF4 shard then
+    reaches ``fsdp.all_gather_copy_in``, which torchao does not implement).
+    """
+    from ._patch import AttributeSwap, gated
+
+    module_name, _, attr = FSDP2_CA_DETECTION.partition(":")
+    common = lookup("torch.distributed.fsdp._fully_shard._fsdp_common")
+
+    def make(original: Any) -> Any:
+        def detect_compiled_autograd() -> None:
+            original()
+            common._compiled_autograd_enabled = False
+
+        return gated(scope, original, detect_compiled_autograd)
+
+    return AttributeSwap(lambda: lookup(module_name), attr, make)
