@@ -4,7 +4,9 @@ Note [FSDP2 under compiled autograd]
 ------------------------------------
 FSDP2 drives its backward with three kinds of hooks, all wrapped in
 ``torch._dynamo.disable`` on torch 2.13 (``_fsdp_common._dynamo_disable``; the
-compiled-autograd-aware code paths of older releases are gone):
+compiled-autograd-aware code paths of older releases are gone; on 2.11 FSDP2 still records at its
+first forward whether compiled autograd is on, which a block makes "off" since these hooks run
+eagerly here: ``_compat.fsdp2_eager_hooks_swap``):
 
 * a tensor pre-hook ``FSDPState._pre_backward`` on each FSDP module's outputs: it
   all-gathers (unshards) the parameters and *queues the root's post-backward final

@@ -76,3 +76,26 @@ def train(rank: int, world_size: int, kind: str, mode: str, optimize_ddp, style:
     # the parameters, and whether the block left torch's optimize_ddp as the program set it
     flag_kept = torch._dynamo.config.optimize_ddp == (optimize_ddp if optimize_ddp != "default" else "ddp_optimizer")
     return [inner for p in model.parameters() for inner in _inner(p)] + [torch.tensor(float(flag_kept))]
+
+
+CASES = (
+    ("two_tensor", "default", "forward"),
+    ("two_tensor", False, "forward"),
+    ("two_tensor", "ddp_optimizer", "step"),
+    ("two_tensor", "python_reducer", "forward"),
+    ("plain", "default", "no_sync"),
+    ("unused", "default", "forward"),
+)
+"""(model kind, optimize_ddp, style) of every DDP program the tests train."""
+
+
+def train_all(rank: int, world_size: int, mode: str, cases=CASES) -> dict[str, list[torch.Tensor]]:
+    """:func:`train` for every case in one process per rank (one start of torch, not one per case)."""
+    results = {}
+    default = torch._dynamo.config.optimize_ddp
+    for kind, optimize_ddp, style in cases:
+        torch._dynamo.config.optimize_ddp = default
+        torch._dynamo.reset()
+        reference_style = style if style == "no_sync" or mode == "ours" else "forward"
+        results[f"{kind} optimize_ddp={optimize_ddp!r} {style}"] = train(rank, world_size, kind, mode, optimize_ddp, reference_style)
+    return results

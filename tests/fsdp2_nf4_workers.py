@@ -64,3 +64,12 @@ def train(rank: int, world_size: int, mode: str, block_scope: str, steps: int = 
         optimizer.zero_grad()
         losses.append(loss.detach())
     return losses + [p.full_tensor().detach() for p in lora]
+
+
+def train_both(rank: int, world_size: int, mode: str) -> dict[str, list[torch.Tensor]]:
+    """:func:`train` with the forward inside the block and outside it, in one process per rank."""
+    results = {}
+    for scope in ("step", "backward"):
+        torch._dynamo.reset()
+        results[scope] = train(rank, world_size, mode, scope)
+    return results

@@ -19,33 +19,26 @@ from tests import ddp_workers
 pytestmark = [pytest.mark.distributed, pytest.mark.skipif(ddp_workers.TwoTensor is None, reason="no TwoTensor")]
 
 
-def _run(kind, mode, optimize_ddp, style):
-    return run_workers(ddp_workers.train, 2, timeout_s=240, args=(kind, mode, optimize_ddp, style))
-
-
-@pytest.mark.parametrize(
-    ("kind", "optimize_ddp", "style"),
-    [
-        ("two_tensor", "default", "forward"),
-        ("two_tensor", False, "forward"),
-        ("two_tensor", "ddp_optimizer", "step"),
-        ("two_tensor", "python_reducer", "forward"),
-        ("plain", "default", "no_sync"),
-        ("unused", "default", "forward"),
-    ],
-)
-def test_ddp_trains_under_enable_like_data_parallel_by_hand(kind, optimize_ddp, style):
-    eager = _run(kind, "manual", optimize_ddp, style if style == "no_sync" else "forward")
-    ours = _run(kind, "ours", optimize_ddp, style)
-    for rank, (got, expected) in enumerate(zip(ours, eager, strict=True)):
-        for g, e in zip(got, expected, strict=True):
-            torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m: f"rank {rank}: {m}")
+def test_ddp_trains_under_enable_like_data_parallel_by_hand_whatever_optimize_ddp_says():
+    """Every case of ``ddp_workers.CASES``: default / False / "ddp_optimizer" / "python_reducer", a compiled
+    forward or a compiled train step (flag style), ``no_sync()`` accumulation, ``find_unused_parameters``."""
+    expected = run_workers(ddp_workers.train_all, 2, timeout_s=300, args=("manual",))
+    got = run_workers(ddp_workers.train_all, 2, timeout_s=300, args=("ours",))
+    for rank in range(2):
+        assert got[rank].keys() == expected[rank].keys()
+        for case in expected[rank]:
+            for g, e in zip(got[rank][case], expected[rank][case], strict=True):
+                torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m, case=case: f"rank {rank}, {case}: {m}")
 
 
 def test_the_hand_reference_is_eager_ddp_for_plain_parameters():
-    for got, expected in zip(_run("plain", "manual", "default", "no_sync"), _run("plain", "eager", "default", "no_sync"), strict=True):
-        for g, e in zip(got, expected, strict=True):
-            torch.testing.assert_close(g, e, rtol=0, atol=0)
+    cases = [("plain", "default", "no_sync"), ("plain", "default", "forward")]
+    manual = run_workers(ddp_workers.train_all, 2, timeout_s=300, args=("manual", cases))
+    eager = run_workers(ddp_workers.train_all, 2, timeout_s=300, args=("eager", cases))
+    for rank in range(2):
+        for case in manual[rank]:
+            for g, e in zip(manual[rank][case], eager[rank][case], strict=True):
+                torch.testing.assert_close(g, e, rtol=0, atol=0)
 
 
 def test_a_ddp_module_gets_its_cpp_reducer_back_outside_the_block_and_a_static_graph_is_refused():

@@ -19,10 +19,10 @@ pytest.importorskip("torchao")
 from tests import fsdp2_nf4_workers  # noqa: E402
 
 
-@pytest.mark.parametrize("block_scope", ["step", "backward"])
-def test_fsdp2_over_nf4_qlora_trains_like_eager_fsdp2(block_scope):
-    eager = run_workers(fsdp2_nf4_workers.train, 2, timeout_s=240, args=("eager", block_scope))
-    ours = run_workers(fsdp2_nf4_workers.train, 2, timeout_s=240, args=("ours", block_scope))
-    for rank, (got, expected) in enumerate(zip(ours, eager, strict=True)):
-        for g, e in zip(got, expected, strict=True):
-            torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m: f"rank {rank}: {m}")
+def test_fsdp2_over_nf4_qlora_trains_like_eager_fsdp2_with_the_forward_in_or_out_of_the_block():
+    eager = run_workers(fsdp2_nf4_workers.train_both, 2, timeout_s=300, args=("eager",))
+    ours = run_workers(fsdp2_nf4_workers.train_both, 2, timeout_s=300, args=("ours",))
+    for rank in range(2):
+        for scope in ("step", "backward"):
+            for g, e in zip(ours[rank][scope], eager[rank][scope], strict=True):
+                torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m, scope=scope: f"rank {rank}, {scope}: {m}")

@@ -184,6 +184,30 @@ def accumulate_into_existing_grad(env: Env) -> dict[str, Any]:
     return {"first": first, **_grads(x=x, w=w)}
 
 
+def _shared_gradient_forward(x: torch.Tensor, base: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    return (x @ (base + delta)).tanh().sum()
+
+
+def shared_gradient_inplace_clip(env: Env) -> dict[str, Any]:
+    """Two TwoTensor parameters receive one gradient (``W0 + dW``), then an in-place ``clip_grad_norm_`` (issue 45.1)."""
+    from subclass_ca import _compat
+
+    two_tensor = _compat.two_tensor_type()
+    torch.manual_seed(0)
+    base = torch.nn.Parameter(two_tensor(torch.randn(6, 6), torch.randn(6, 6) * 2))
+    delta = torch.nn.Parameter(two_tensor(torch.randn(6, 6) * 0.1, torch.randn(6, 6) * 0.2))
+    forward = env.compile(_shared_gradient_forward)
+    for step in range(3):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
+        _backward(env, forward(x, base, delta))
+        torch.nn.utils.clip_grad_norm_([base, delta], max_norm=0.05, foreach=True)
+        with torch.no_grad():
+            for p in (base, delta):
+                p.sub_(p.grad * 0.5)
+                p.grad = None
+    return {"params": [t.detach().clone() for p in (base, delta) for t in (p.a, p.b)]}
+
+
 def autograd_grad(env: Env) -> dict[str, Any]:
     """``torch.autograd.grad`` (no accumulation into ``.grad``)."""
     x, w = _inputs((4, 3), (3, 2))
@@ -434,6 +458,7 @@ SCENARIOS: list[Case] = [
     Case("grad_fn_posthook_on_region", functools.partial(grad_fn_posthooks, one_op_region=False),
          stock_differs_from_eager=("x.grad", "w.grad")),
     Case("post_accumulate_grad_hooks", post_accumulate_grad_hooks),
+    Case("shared_gradient_inplace_clip", shared_gradient_inplace_clip),
     Case("retain_graph_two_backwards", retain_graph_two_backwards),
     Case("accumulate_into_existing_grad", accumulate_into_existing_grad),
     Case("autograd_grad", autograd_grad),
