@@ -287,6 +287,18 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
         "save_cache() writes no forward entry of a forward with a wrapper-subclass input (its key could not "
         "describe the subclass's code; Note [Keys by behaviour])",
     ),
+    "AOTAutogradCache bypass": (
+        "torch._functorch._aot_autograd.autograd_cache:BypassAOTAutogradCache",
+        "a graph without a behaviour key fails its compile instead of bypassing torch's cache (Note [Keys by behaviour])",
+    ),
+    "fake tensor type": (
+        "torch._subclasses.fake_tensor:FakeTensor",
+        "no behaviour key can check a traced constant for fake values: every CA graph is compiled in every process",
+    ),
+    "FSDP2 compiled-autograd detection (2.11)": (
+        FSDP2_CA_DETECTION,
+        "nothing to do: FSDP2 from 2.12 on has no compiled-autograd mode",
+    ),
     "aten tracing on fake tensors": (
         "torch.fx.experimental.proxy_tensor:make_fx",
         "no CA graph and no subclass-input forward is reused across processes (no behaviour key; Note [Keys by behaviour])",
