@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import contextlib
 import hashlib
 import json
 import os
@@ -123,8 +124,12 @@ def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str,
             with subclass_ca.enable(backend=backend):
                 loss.backward()
 
+    # subclass_ca's modes run the step inside one block, forward included, as the README shows: a forward with
+    # subclass inputs compiled there gets a key by behaviour, so save_cache() writes its entry (Note [Keys by behaviour])
+    block = subclass_ca.enable(backend=backend) if mode.startswith("subclass_ca") else contextlib.nullcontext()
     built = time.perf_counter()
-    loss = step(work.params, *work.inputs)
+    with block:
+        loss = step(work.params, *work.inputs)
     forwarded = time.perf_counter()
     timers_fwd, counters_fwd = _timers(), _compat.cache_counters()
     traces_fwd = _compat.unique_graph_count()

@@ -76,7 +76,8 @@ def _structure_only(structure: Any) -> Any:
     cls, ctx, size, stride, requires_grad, parts = structure
     if cls is torch.Tensor:
         return ("tensor", size, stride, requires_grad)
-    return (cls, ctx, size, stride, requires_grad, [(name, _structure_only(p)) for name, p in parts])
+    # the type by name: what its code does is in the traced graph, its version in the key (Note [Keys by behaviour])
+    return (f"{cls.__module__}.{cls.__qualname__}", ctx, size, stride, requires_grad, [(name, _structure_only(p)) for name, p in parts])
 
 
 def trace_desugared(fn: Callable[..., Any], args: Sequence[Any]) -> DesugaredTrace:
