@@ -15,9 +15,9 @@ __all__ = ["DDP_CLASS", "DDP_PARTS", "ddp_supported", "pre_forward_swap", "uses_
            "to_cpp_reducer", "ddp_features"]
 
 DDP_CLASS = "torch.nn.parallel:DistributedDataParallel"
-DDP_PARTS = ("_pre_forward", "_use_python_reducer", "_register_accum_grad_hook", "_accum_grad_hooks", "_ddp_init_helper",
-             "_build_params_for_reducer", "_build_debug_param_to_name_mapping")
-"""What switching a module's reducer reads (methods on the class; attributes checked on the module)."""
+DDP_PARTS = ("_pre_forward", "_register_accum_grad_hook", "_ddp_init_helper", "_build_params_for_reducer",
+             "_build_debug_param_to_name_mapping")
+"""The methods switching a module's reducer calls (it also reads ``_use_python_reducer`` and ``_accum_grad_hooks``)."""
 
 
 def ddp_supported() -> bool:
@@ -25,7 +25,7 @@ def ddp_supported() -> bool:
         cls = lookup(DDP_CLASS)
     except (ImportError, AttributeError):
         return False
-    return all(callable(getattr(cls, name, None)) for name in DDP_PARTS if not name.startswith("_use") and name != "_accum_grad_hooks")
+    return all(callable(getattr(cls, name, None)) for name in DDP_PARTS)
 
 
 def pre_forward_swap(before: Callable[[Any], None]) -> AttributeSwap:

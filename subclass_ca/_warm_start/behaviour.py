@@ -21,21 +21,20 @@ So a key describes behaviour by what it traces to, which is what AOT bakes:
   installed versions of the distributions that define the subclass types met (an upgrade
   that changes only code the graph does not trace, such as runtime wrappers, is then a miss,
   never a stale hit).  Our build, torch's and Python's versions are in it too.
-* **where it is used** — one key per artifact, no other path across processes:
-  - a CA graph's AOTAutogradCache entry: the graph is admitted to the cache only through our
-    allowlist (``cacheable.compile_kwargs``), whose value for the graph is its behaviour key
-    (the allowlist is an inductor config patch, part of torch's key);
-  - a kept trace (``traced.py``): its record key holds the behaviour key;
-  - a forward's entry (torch's key, computed when the forward compiles): for a forward with a
-    wrapper-subclass input, torch's key sees the subclass only through its flatten metadata,
-    so inside an ``enable()`` block the key gets the forward's behaviour key appended
-    (``_compat.aot_key_swap``), and ``save_cache()`` writes only forward entries whose key is
-    torch's own for plain inputs or was extended so.
-* **where it cannot be established** — symbolic sizes (the trace would be another graph),
-  hooks in the CA graph (they act on state outside it: FSDP2's unshard, an optimizer step),
-  anything the trace or a description raises — the key is this process's nonce: the entry is
-  used in this process and missed by every other one.  ``enable(cache=False)`` (or
-  ``SUBCLASS_CA_CACHE=0``) keeps CA graphs out of torch's persistent caches altogether, as
+* **where it is used** -- one key per artifact, no other path across processes:
+  - an AOTAutogradCache entry compiled inside a block, of a CA graph (admitted to the cache by
+    our allowlist, ``cacheable.compile_kwargs``) or of a forward with a wrapper-subclass input:
+    torch's key gets the behaviour key of Dynamo's graph and its example inputs appended
+    (:func:`aot_key_extension`, through ``_compat.aot_key_swap``); ``save_cache()`` writes only
+    forward entries whose key is torch's own for plain inputs or was extended so;
+  - a kept trace (``traced.py``): its record key holds the behaviour key of the CA graph on its
+    first call's inputs, and a frame Dynamo compiles a second time (other inputs) is not kept.
+* **where it cannot be established** -- symbolic sizes (the trace would be another graph),
+  hooks in the CA graph for a kept trace (they act on state outside it: FSDP2's unshard, an
+  optimizer step), anything the trace or a description raises -- torch is told to bypass its
+  cache for that compile (no entry written or read, even in this process; Dynamo's and compiled
+  autograd's own caches still reuse the graph) and no trace is kept.  ``enable(cache=False)``
+  (or ``SUBCLASS_CA_CACHE=0``) keeps CA graphs out of torch's persistent caches altogether, as
   stock compiled autograd does.
 
 Cost: one ``make_fx`` trace per CA graph capture and per subclass-input forward compiled in
