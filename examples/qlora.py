@@ -164,17 +164,27 @@ def nf4_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def train(model: nn.Module, args: argparse.Namespace, *, compiled: bool, rank: int = 0) -> dict[str, Any]:
-    """AdamW over the adapters for ``args.steps`` steps; ``compiled``: torch.compile + subclass_ca, else eager."""
+def train(model: nn.Module, args: argparse.Namespace, *, compiled: bool, rank: int = 0,
+          forward_in_block: bool = False) -> dict[str, Any]:
+    """AdamW over the adapters for ``args.steps`` steps; ``compiled``: torch.compile + subclass_ca, else eager.
+
+    ``forward_in_block``: the forward runs inside the ``enable()`` block too (what DDP needs: its reducer is
+    picked at the forward), not only ``loss.backward()``."""
     forward = torch.compile(model, backend=args.backend) if compiled else model
     opt = torch.optim.AdamW(lora_parameters(model).values(), lr=args.lr)
     losses, grad_types, nf4_grads = [], set(), []
     for step in range(args.steps):
         x, target = batch(args.seed, step, args.device, rank=rank)
         opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(forward(x), target)
-        with subclass_ca.enable(backend=args.backend) if compiled else contextlib.nullcontext():
-            loss.backward()
+        block = subclass_ca.enable(backend=args.backend) if compiled else contextlib.nullcontext()
+        if forward_in_block:
+            with block:
+                loss = F.mse_loss(forward(x), target)
+                loss.backward()
+        else:
+            loss = F.mse_loss(forward(x), target)
+            with block:
+                loss.backward()
         grad_types |= {_type_name(p.grad) for p in lora_parameters(model).values()}
         nf4_grads += [name for name, p in nf4_weights(model).items() if p.grad is not None]
         opt.step()

@@ -14,8 +14,36 @@ from subclass_ca import _compat
 TwoTensor = _compat.two_tensor_type()
 
 
+class NF4LoRA(torch.nn.Module):
+    """A frozen torchao NF4 base weight plus a trainable rank-2 LoRA adapter (QLoRA)."""
+
+    def __init__(self, dim: int = 64, rank: int = 2) -> None:
+        super().__init__()
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+        self.base = torch.nn.Parameter(to_nf4(torch.randn(dim, dim) * 0.1, block_size=32, scaler_block_size=8),
+                                       requires_grad=False)
+        self.lora_a = torch.nn.Parameter(torch.randn(rank, dim) * 0.1)
+        self.lora_b = torch.nn.Parameter(torch.randn(dim, rank) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import linear_nf4
+
+        return torch.tanh(linear_nf4(x, self.base) + x @ self.lora_a.t() @ self.lora_b.t())
+
+
+def has_torchao() -> bool:
+    try:
+        import torchao  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _model(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
+    if kind == "nf4_lora":
+        return torch.nn.Sequential(torch.nn.Linear(8, 64), NF4LoRA(), NF4LoRA(), torch.nn.Linear(64, 4))
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
     if kind == "two_tensor":
         for layer in (model[0], model[2]):
@@ -47,7 +75,7 @@ def train(rank: int, world_size: int, kind: str, mode: str, optimize_ddp, style:
         torch._dynamo.config.optimize_ddp = optimize_ddp
     model = _model(kind)
     ddp = model if mode == "manual" else DistributedDataParallel(model, find_unused_parameters=kind == "unused")
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD([p for p in ddp.parameters() if p.requires_grad], lr=0.1)
     forward = ddp if mode in ("eager", "manual") else torch.compile(ddp, backend="aot_eager")
 
     def step(x):
@@ -75,7 +103,7 @@ def train(rank: int, world_size: int, kind: str, mode: str, optimize_ddp, style:
         optimizer.zero_grad()
     # the parameters, and whether the block left torch's optimize_ddp as the program set it
     flag_kept = torch._dynamo.config.optimize_ddp == (optimize_ddp if optimize_ddp != "default" else "ddp_optimizer")
-    return [inner for p in model.parameters() for inner in _inner(p)] + [torch.tensor(float(flag_kept))]
+    return [inner for p in model.parameters() if p.requires_grad for inner in _inner(p)] + [torch.tensor(float(flag_kept))]
 
 
 CASES = (
@@ -85,8 +113,8 @@ CASES = (
     ("two_tensor", "python_reducer", "forward"),
     ("plain", "default", "no_sync"),
     ("unused", "default", "forward"),
-)
-"""(model kind, optimize_ddp, style) of every DDP program the tests train."""
+) + ((("nf4_lora", "default", "forward"), ("nf4_lora", False, "step")) if has_torchao() else ())
+"""(model kind, optimize_ddp, style) of every DDP program the tests train (the NF4 QLoRA ones with torchao)."""
 
 
 def train_all(rank: int, world_size: int, mode: str, cases=CASES) -> dict[str, list[torch.Tensor]]:

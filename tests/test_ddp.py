@@ -4,7 +4,8 @@ Two gloo ranks; parameters after three SGD steps equal, bitwise (aot_eager), on 
 by definition: each rank's gradients (every inner tensor of a subclass gradient) divided by the world size and
 all-reduced by hand.  For plain parameters that is eager DDP's result bitwise (checked below); for TwoTensor
 parameters eager DDP's C++ reducer averages wrong (torch's bucket copy; seen on 2.13), so the hand reference is
-the one to meet.
+the one to meet.  For the NF4 QLoRA model (frozen NF4 bases, plain adapters) the reference is eager DDP itself
+(``NF4`` below says why).
 """
 
 from __future__ import annotations
@@ -19,26 +20,49 @@ from tests import ddp_workers
 pytestmark = [pytest.mark.distributed, pytest.mark.skipif(ddp_workers.TwoTensor is None, reason="no TwoTensor")]
 
 
-def test_ddp_trains_under_enable_like_data_parallel_by_hand_whatever_optimize_ddp_says():
+PLAIN = [("plain", "default", "no_sync"), ("plain", "default", "forward")]
+NF4 = [case for case in ddp_workers.CASES if case[0] == "nf4_lora"]
+"""The NF4 QLoRA cases' reference is eager DDP: DDP's construction broadcasts every parameter from rank 0, which
+re-quantizes a frozen NF4 base (torchao's ``copy_``; up to 1.4e-3 off on 2.13), so a run without DDP starts elsewhere."""
+
+
+def _key(case) -> str:
+    kind, optimize_ddp, style = case
+    return f"{kind} optimize_ddp={optimize_ddp!r} {style}"
+
+
+@pytest.fixture(scope="module")
+def manual():
+    cases = [case for case in ddp_workers.CASES if case not in NF4] + [case for case in PLAIN if case not in ddp_workers.CASES]
+    return run_workers(ddp_workers.train_all, 2, timeout_s=300, args=("manual", cases))
+
+
+@pytest.fixture(scope="module")
+def eager():
+    return run_workers(ddp_workers.train_all, 2, timeout_s=300, args=("eager", PLAIN + NF4))
+
+
+def _assert_equal(got: list, expected: list, what: str) -> None:
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m: f"{what}: {m}")
+
+
+def test_ddp_trains_under_enable_like_data_parallel_whatever_optimize_ddp_says(manual, eager):
     """Every case of ``ddp_workers.CASES``: default / False / "ddp_optimizer" / "python_reducer", a compiled
-    forward or a compiled train step (flag style), ``no_sync()`` accumulation, ``find_unused_parameters``."""
-    expected = run_workers(ddp_workers.train_all, 2, timeout_s=300, args=("manual",))
+    forward or a compiled train step (flag style), ``no_sync()`` accumulation, ``find_unused_parameters``, TwoTensor
+    and (with torchao) NF4 QLoRA models."""
     got = run_workers(ddp_workers.train_all, 2, timeout_s=300, args=("ours",))
     for rank in range(2):
-        assert got[rank].keys() == expected[rank].keys()
-        for case in expected[rank]:
-            for g, e in zip(got[rank][case], expected[rank][case], strict=True):
-                torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m, case=case: f"rank {rank}, {case}: {m}")
+        assert set(got[rank]) == {_key(case) for case in ddp_workers.CASES}
+        for case in ddp_workers.CASES:
+            reference = eager if case in NF4 else manual
+            _assert_equal(got[rank][_key(case)], reference[rank][_key(case)], f"rank {rank}, {_key(case)}")
 
 
-def test_the_hand_reference_is_eager_ddp_for_plain_parameters():
-    cases = [("plain", "default", "no_sync"), ("plain", "default", "forward")]
-    manual = run_workers(ddp_workers.train_all, 2, timeout_s=300, args=("manual", cases))
-    eager = run_workers(ddp_workers.train_all, 2, timeout_s=300, args=("eager", cases))
+def test_the_hand_reference_is_eager_ddp_for_plain_parameters(manual, eager):
     for rank in range(2):
-        for case in manual[rank]:
-            for g, e in zip(manual[rank][case], eager[rank][case], strict=True):
-                torch.testing.assert_close(g, e, rtol=0, atol=0)
+        for case in PLAIN:
+            _assert_equal(manual[rank][_key(case)], eager[rank][_key(case)], f"rank {rank}, {_key(case)}")
 
 
 def test_a_ddp_module_gets_its_cpp_reducer_back_outside_the_block_and_a_static_graph_is_refused():

@@ -1,4 +1,4 @@
-"""``examples/qlora.py`` and ``examples/qlora_fsdp2.py`` (QLoRA: frozen torchao NF4 base + LoRA) == eager.
+"""``examples/qlora.py``, ``examples/qlora_fsdp2.py`` and ``examples/qlora_ddp.py`` (QLoRA: frozen torchao NF4 base + LoRA) == eager.
 
 Each script's ``--check`` trains the model twice from the same init and data -- compiled
 forward with ``loss.backward()`` under ``subclass_ca.enable()``, and plain eager (eager FSDP2
@@ -102,6 +102,29 @@ def test_qlora_fsdp2_example_matches_eager_fsdp2():
     lines = _step_lines(run.stdout)  # rank 0 only: the compiled run, then the eager FSDP2 run
     assert len(lines) == 2 * STEPS, run.stdout[-3000:]
     assert lines[:STEPS] == lines[STEPS:]
+
+
+README_DDP_COMMAND = "torchrun --standalone --nproc-per-node 2 examples/qlora_ddp.py --backend aot_eager --steps 3 --check"
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_qlora_ddp_example_the_readme_command_matches_eager_ddp():
+    """The README's torchrun command for DDP (issue 46), with a free port on 127.0.0.1 instead of ``--standalone``."""
+    assert README_DDP_COMMAND in (ROOT / "README.md").read_text()
+    script_args = README_DDP_COMMAND.split("examples/qlora_ddp.py ", 1)[1].split()
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "0",
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+        str(EXAMPLES / "qlora_ddp.py"), *script_args,
+    ]  # fmt: skip
+    run = _run(command, 300)
+    assert run.returncode == 0, run.stdout[-6000:]
+    assert "check passed" in run.stdout and "match eager DDP" in run.stdout, run.stdout[-3000:]
+    assert "adapter grads ['Tensor']" in run.stdout
+    lines = _step_lines(run.stdout)  # rank 0 only: the compiled run, then the eager DDP run
+    assert len(lines) == 2 * STEPS and lines[:STEPS] == lines[STEPS:], run.stdout[-3000:]
 
 
 def _load_example():

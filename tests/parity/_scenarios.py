@@ -208,6 +208,22 @@ def shared_gradient_inplace_clip(env: Env) -> dict[str, Any]:
     return {"params": [t.detach().clone() for p in (base, delta) for t in (p.a, p.b)]}
 
 
+def accumulate_into_existing_subclass_grad(env: Env) -> dict[str, Any]:
+    """TwoTensor parameters whose ``.grad`` is already a TwoTensor, then two backwards without zeroing (issue 45.3)."""
+    from subclass_ca import _compat
+
+    two_tensor = _compat.two_tensor_type()
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(two_tensor(torch.randn(3, 2), torch.randn(3, 2) * 2))
+    w.grad = two_tensor(torch.full((3, 2), 0.5), torch.full((3, 2), -0.25))
+    x = torch.randn(4, 3)
+    forward = env.compile(_matmul_tanh)
+    _backward(env, forward(x, w).sum())
+    first = [w.grad.a.clone(), w.grad.b.clone()]
+    _backward(env, forward(x, w).sum())
+    return {"first": first, "grad": [w.grad.a.clone(), w.grad.b.clone()], "grad_type": type(w.grad).__name__}
+
+
 def autograd_grad(env: Env) -> dict[str, Any]:
     """``torch.autograd.grad`` (no accumulation into ``.grad``)."""
     x, w = _inputs((4, 3), (3, 2))
@@ -461,6 +477,7 @@ SCENARIOS: list[Case] = [
     Case("shared_gradient_inplace_clip", shared_gradient_inplace_clip),
     Case("retain_graph_two_backwards", retain_graph_two_backwards),
     Case("accumulate_into_existing_grad", accumulate_into_existing_grad),
+    Case("accumulate_into_existing_subclass_grad", accumulate_into_existing_subclass_grad),
     Case("autograd_grad", autograd_grad),
     Case("autograd_function_eager_forward", functools.partial(autograd_function, compiled=False)),
     Case("autograd_function_compiled_forward", functools.partial(autograd_function, compiled=True)),
