@@ -940,6 +940,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "on a micro MLP (3 runs) and transformer blocks (TwoTensor, NF4-LoRA), backends of --backends, gradients "
                    "checked against eager FSDP2 "
                    "(multi-process; combine with --render to add it to existing results)")
+    p.add_argument("--ddp", action="store_true", help="also time DistributedDataParallel training: eager DDP vs compile-only "
+                   "(C++ and Python reducer) vs subclass_ca, TwoTensor MLP and NF4-LoRA rows, backends of --backends "
+                   "(multi-process; combine with --render to add it to existing results)")
     p.add_argument("--tp", action="store_true", help="also time a tensor-parallel transformer block (DTensor weights) in "
                    "eager / compile / stock CA / subclass_ca on --nproc processes, gradients checked against eager "
                    "(multi-process, backends of --backends; combine with --render to add it to existing results)")
@@ -950,7 +953,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "enter+exit, torch's engine, our wrapper and the CA graph: compile-only, stock CA, subclass_ca (inductor; "
                    "combine with --render to add it to existing results)")
     p.add_argument("--warm-reps", type=int, default=3, help="warm processes per (model, mode) for --warm-start (default 3)")
-    p.add_argument("--nproc", type=int, default=2, help="processes for --fsdp2 and --tp (default 2)")
+    p.add_argument("--nproc", type=int, default=2, help="processes for --fsdp2, --ddp and --tp (default 2)")
     return p
 
 
@@ -976,6 +979,7 @@ def settings_from_args(argv: Sequence[str]) -> BenchSettings:
 SECTIONS: dict[str, str] = {
     "breakdown": "tools.bench_breakdown",
     "fsdp2": "tools.bench_fsdp2",
+    "ddp": "tools.bench_ddp",
     "tp": "tools.bench_tp",
     "warm_start": "tools.bench_warm_start",
 }
@@ -1009,6 +1013,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_fsdp2 = section("fsdp2")
         fsdp2_settings = bench_fsdp2.FSDP2Bench(backends=settings.backends, device=settings.device)
         results["fsdp2"] = bench_fsdp2.bench(world_size=args.nproc, settings=fsdp2_settings)
+    if args.ddp:  # tools/bench_ddp.py: DDP, eager vs compile-only vs subclass_ca, and the Python reducer's cost
+        bench_ddp = section("ddp")
+        results["ddp"] = bench_ddp.bench(world_size=args.nproc, settings=bench_ddp.DDPBench(backends=settings.backends,
+                                                                                            device=settings.device))
     if args.tp:  # tools/bench_tp.py: TP transformer block, every mode's gradients vs eager
         results["tp"] = section("tp").bench(world_size=args.nproc, backends=settings.backends)
     if args.warm_start:  # tools/bench_warm_start.py: fresh processes, cold and warm caches
