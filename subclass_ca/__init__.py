@@ -25,6 +25,7 @@ from .errors import (
     HookOnSubclassError,
     MetadataMismatchError,
     RebuildError,
+    RegionalCompileError,
     RegistrationError,
     SubclassCAError,
     UnsupportedSubclassError,
@@ -71,6 +72,7 @@ __all__ = [
     "HookOnSubclassError",
     "GraphBreakError",
     "BackwardCompileError",
+    "RegionalCompileError",
     "CompiledOptimizerStepError",
     "CacheFileError",
     # versions

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from . import _compat, _fsdp2, _split, diagnostics
+from . import _compat, _fsdp2, _regional, _split, diagnostics
 from ._warm_start import cacheable as _cacheable
 from ._warm_start.behaviour import cross_process_key
 from ._warm_start.traced import TracedGraph, compile_traced
@@ -67,12 +67,22 @@ class CompiledCAGraph:
         if self._compile_graph is not None:  # the compiler of a torch.compile-d train step (flag style)
             return self._compile_graph(self._graph_module)
         config = self._config
+        if fullgraph and config.regional and "mode" not in config.compile_kwargs:  # Note [Regional CA graphs]
+            regional = _regional.regional_graph(self._graph_module, self._compile_piece, self._report)
+            if regional is not None:
+                return regional
         kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs, config.cache)
         if fullgraph:  # Note [Skipping Dynamo's trace of an unchanged CA graph]
             self._traced = compile_traced(self._graph_module, config, kwargs, self._behaviour, **_sizes(config))
             if self._traced is not None:
                 return self._traced.compiled
         return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)
+
+    def _compile_piece(self, forward: Callable[..., Any], *, fullgraph: bool) -> Any:
+        """One piece of a split or regional graph, compiled as the whole graph would be."""
+        config = self._config
+        kwargs = _cacheable.compile_kwargs(forward.__self__, config.backend, config.compile_kwargs, config.cache)
+        return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)
 
     def _call_in_scope(self, *args: Any, **kwargs: Any) -> Any:
         if self._static_sizes:
@@ -123,13 +133,7 @@ class CompiledCAGraph:
         if not points:
             self.allow_graph_breaks(break_reason)
             return
-        config = self._config
-
-        def compile_piece(forward: Callable[..., Any], *, fullgraph: bool) -> Any:
-            kwargs = _cacheable.compile_kwargs(forward.__self__, config.backend, config.compile_kwargs, config.cache)
-            return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)
-
-        split = _split.split_graph(self._graph_module, points, compile_piece, self._report)
+        split = _split.split_graph(self._graph_module, points, self._compile_piece, self._report)
         self._traced = None
         self._graph_breaks_allowed = True  # eager code (the hooks) runs between the pieces: final callbacks apply
         self._compiled = split

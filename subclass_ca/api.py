@@ -87,14 +87,15 @@ class enable:
         report: bool | None = None,
         fullgraph: bool | None = None,
         cache: bool | None = None,
+        regional: bool | None = None,
         **compile_kwargs: Any,
     ) -> None:
         if config is None:
             key: tuple[Any, ...]
-            if dynamic is None and strict is None and report is None and fullgraph is None and cache is None:
+            if dynamic is None and strict is None and report is None and fullgraph is None and cache is None and regional is None:
                 key = (backend, on_unsupported)  # the usual call: enable(backend=...)
             else:
-                key = (backend, on_unsupported, id(dynamic), id(strict), id(report), id(fullgraph), id(cache))
+                key = (backend, on_unsupported, id(dynamic), id(strict), id(report), id(fullgraph), id(cache), id(regional))
             if compile_kwargs:
                 key += tuple((name, type(value), value) for name, value in compile_kwargs.items())
             try:
@@ -102,7 +103,8 @@ class enable:
             except TypeError:  # an unhashable value: build and validate a Config below
                 settings, key = None, None
             if settings is None:
-                settings = self._settings(backend, dynamic, strict, on_unsupported, report, fullgraph, cache, compile_kwargs)
+                settings = self._settings(backend, dynamic, strict, on_unsupported, report, fullgraph, cache, regional,
+                                          compile_kwargs)
                 if key is not None and len(_by_keywords) < _MAX_KEYWORD_SETS:
                     _by_keywords[key] = settings
             self.config = settings.config
@@ -126,7 +128,7 @@ class enable:
     @staticmethod
     def _settings(
         backend: Any, dynamic: Any, strict: Any, on_unsupported: Any, report: Any, fullgraph: Any, cache: Any,
-        compile_kwargs: dict[str, Any],
+        regional: Any, compile_kwargs: dict[str, Any],
     ) -> _compiler.Settings:
         """Validate keyword settings into a Config (first time seen) and return their shared Settings."""
         given = locals()

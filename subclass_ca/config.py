@@ -48,6 +48,11 @@ class Config:
     it computes (Note [Keys by behaviour] in ``_warm_start/behaviour.py``).  False keeps every CA graph out of
     them, as stock compiled autograd does (the default is False when the environment sets ``SUBCLASS_CA_CACHE=0``)."""
 
+    regional: bool = True
+    """Compile each distinct piece of a CA graph with repeated compiled regions once, reused by every identical block
+    (Note [Regional CA graphs] in ``_regional.py``).  False compiles the whole graph as one (fusion across blocks,
+    and a backward that fails to compile fails before any gradient)."""
+
     def __post_init__(self) -> None:
         if not (isinstance(self.backend, str) or callable(self.backend)):
             raise ValueError(f"Config.backend must be a backend name or a callable, got {self.backend!r}")

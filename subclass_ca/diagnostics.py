@@ -77,6 +77,10 @@ class CaptureReport:
     fullgraph=True (0: not split; Note [Splitting the CA graph at FSDP2's hooks] in ``_split.py``)."""
     split_hooks: int = 0
     """Hook calls run eagerly between the pieces of a split graph."""
+    regional_pieces: int = 0
+    """Pieces of a regional CA graph, one per compiled region (0: compiled whole; Note [Regional CA graphs] in ``_regional.py``)."""
+    regional_compiles: int = 0
+    """Distinct pieces compiled for it (each reused by every identical piece), counted as they are first run."""
     graph_breaks: list[str] = field(default_factory=list)
     """Dynamo's graph-break reasons met compiling this CA graph (only with fullgraph=False)."""
     ca_counters: dict[str, int] = field(default_factory=dict)
@@ -111,6 +115,8 @@ class CaptureReport:
         ]
         for (name, mode), count in sorted(self.subclass_nodes.items()):
             lines.append(f"  {count} x make_subclass {name} [{mode}]")
+        if self.regional_pieces:
+            lines.append(f"  regional: {self.regional_pieces} piece(s), {self.regional_compiles} distinct compile(s)")
         if self.split_pieces:
             lines.append(f"  split: {self.split_pieces} compiled piece(s), {self.split_hooks} eager hook call(s)")
         lines += [f"  fallback: {reason}" for reason in self.fallbacks]

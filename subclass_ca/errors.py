@@ -66,6 +66,10 @@ class BackwardCompileError(SubclassCAError):
     """Compiling the backward graph failed for a reason that is not a graph break (``fullgraph=False`` would not help)."""
 
 
+class RegionalCompileError(BackwardCompileError):
+    """A regional piece of the backward failed on its first run after earlier pieces ran (their gradients accumulated)."""
+
+
 class CompiledOptimizerStepError(SubclassCAError):
     """A ``torch.compile``-d optimizer step over plain parameters with subclass gradients, on a torch that computes it wrong."""
 

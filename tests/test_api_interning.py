@@ -25,6 +25,7 @@ DIFFERENT = {
     "report": ({}, {"report": True}),
     "fullgraph": ({}, {"fullgraph": False}),
     "cache": ({}, {"cache": False}),
+    "regional": ({}, {"regional": False}),
     "compile_kwargs": ({"mode": "default"}, {"mode": "max-autotune-no-cudagraphs"}),
     "compile_kwargs unhashable value": ({"options": {"trace.enabled": False}}, {"options": {"trace.enabled": True}}),
     "compile_kwargs value type": ({"disable": False}, {"disable": 0}),
@@ -153,7 +154,7 @@ def test_the_settings_are_declared_once_as_config_fields():
                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "config")]
     assert sorted(keywords) == sorted(config_module.SETTINGS), "enable() and Config disagree on the settings"
     assert "report" not in config_module.CACHE_KEYED_SETTINGS  # read by the compiler, not a different graph
-    assert set(config_module.FLAGS) == {"strict", "report", "fullgraph", "cache"}  # dynamic: None, True or False
+    assert set(config_module.FLAGS) == {"strict", "report", "fullgraph", "cache", "regional"}  # dynamic: None, True or False
     base = subclass_ca.Config()
     for name in config_module.CACHE_KEYED_SETTINGS:
         if name in config_module.FLAGS:

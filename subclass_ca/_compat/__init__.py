@@ -113,6 +113,7 @@ from .compiled_autograd import (
     fast_activation_supported,
     hook_calls,
     HOOK_CALLS,
+    is_aot_backward_prologue,
     is_stock_make_subclass,
     pasted_aot_prefix,
     reset_compiled_autograd,

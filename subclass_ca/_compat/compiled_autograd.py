@@ -307,6 +307,12 @@ _PASTED_AOT_NODE = re.compile(r"^(aot\d+(?:_\d+)?_)[A-Za-z_]")
 (``make_unique``: ``aot<aot id>[_<repeat>]_<node name>``, the same on torch 2.11-2.15)."""
 
 
+def is_aot_backward_prologue(target: Any) -> bool:
+    """The prologue compiled autograd calls before each pasted AOT backward (``proxy_call_aot_backward``'s
+    ``call_aot_bwd_prologue``, one closure per call over its AOT function's prologue; torch 2.11-2.15)."""
+    return getattr(target, "__name__", None) == "call_aot_bwd_prologue" and getattr(target, "__module__", None) == CA_MODULE
+
+
 def pasted_aot_prefix(name: str) -> str | None:
     """The ``aot<id>_`` prefix of a node compiled autograd pasted from an AOT backward (None: not pasted)."""
     match = _PASTED_AOT_NODE.match(name)

@@ -1,0 +1,294 @@
+"""Regional compiled autograd: a CA graph cut at its pasted AOT backwards, each distinct piece compiled once.
+
+Note [Regional CA graphs]
+-------------------------
+A model compiled region by region (``block.compile()`` per transformer block, as torchtune and
+torchtitan do) gives compiled autograd one pasted AOT backward per block.  Compiled whole, the CA
+graph makes Dynamo, AOTAutograd and inductor compile every block's backward again: the cold start
+grows with depth while compile-only compiles one block and reuses it.  So a CA graph with repeated
+regions is cut into pieces and each *distinct* piece is compiled once:
+
+* **Cut.** A piece starts at each call of an AOT backward's prologue (compiled autograd's
+  ``call_aot_bwd_prologue``) and runs to the next one: one block's backward, its epilogue (the
+  subclass rebuilds), its accumulations, and the autograd nodes between it and the next block.
+  What precedes the first prologue (the loss's backward, a head outside every region) joins the
+  first piece: that piece differs from the repeated ones anyway (its gradient arrives with other
+  strides), so this saves a compile.  Every read of the graph's inputs (``inputs[i]``,
+  ``sizes[i]``, ``hooks[i]``, ...) moves to one eager piece that runs first and then empties the
+  ``inputs`` list (as the compiled whole graph does), so pieces take tensors, not list slots: two
+  blocks differ only in which tensors they get.
+* **Identity.** Two pieces share a compile only when they compute the same thing, never by names:
+  the same nodes in the same order calling the same objects (a function by its code and the very
+  objects its closure holds, so two prologues of one AOT function match and those of two functions
+  do not), the same constants by value (tensors by dtype, shape and contents), the same pattern of
+  which node feeds which; and, decided at the first run, the same input metadata (type, size,
+  stride, dtype, device, requires_grad, a wrapper subclass's inner tensors and flatten context).
+  One ``torch.compile`` per distinct (piece, inputs) serves every piece that matches it.
+* **When.** Only graphs that gain: at least two prologues and a repeated piece, compiled whole by
+  subclass_ca with ``fullgraph=True`` (not a train step's own compiler, flag style), no hook calls
+  (a hook object is Python state the identity cannot compare), no ``mode=`` compile option
+  (``reduce-overhead``'s CUDA graphs record the whole backward best as one graph), and
+  ``enable(regional=True)``, the default.  Everything else keeps the single graph; a graph split at
+  FSDP2's hooks keeps that split (Note [Splitting the CA graph at FSDP2's hooks]).
+* **Fusion** stops at a piece's edge: inductor fuses within a block's backward (where nearly all of
+  it is) but not across two blocks, and each piece is one Dynamo frame entry per run.
+* **Sizes.** Static-first sizes stay so: a size passed into a piece as an int specialises it; a
+  size compiled autograd made dynamic arrives as its own (maybe-dynamic) input and stays symbolic.
+* **First run.** The whole graph compiled at once fails before any of it runs; pieces compile as
+  they are reached, so a piece that fails to compile after others ran cannot be retried whole:
+  :class:`RegionalCompileError` says which and that the earlier pieces' gradients were
+  accumulated.  A failure in the first compiled piece (nothing ran) goes the usual way (recovery,
+  or the whole graph without regions).
+* **Warm start.** Each distinct piece is compiled as FSDP2's split pieces are: its AOTAutogradCache
+  key goes through the never-stale key swap (Note [Keys by behaviour]), or the cache is bypassed.
+  A regional graph keeps no Dynamo trace (kept traces are per whole graph), so a restart traces
+  each distinct piece again: a handful, not one per block.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.fx.passes.split_module import split_module
+
+from . import _compat, diagnostics
+from .errors import RegionalCompileError
+
+__all__ = ["RegionalGraph", "regional_graph", "piece_identity", "prologues"]
+
+
+_READS = 0
+"""Piece number of the eager piece that reads the graph's inputs."""
+
+
+def prologues(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The calls of pasted AOT backwards' prologues, in graph order (each starts a region)."""
+    return [node for node in graph.nodes if node.op == "call_function" and _compat.is_aot_backward_prologue(node.target)]
+
+
+def _is_read(node: torch.fx.Node) -> bool:
+    return (
+        node.op == "call_function"
+        and node.target is operator.getitem
+        and isinstance(node.args[0], torch.fx.Node)
+        and node.args[0].op == "placeholder"
+    )
+
+
+def _partitions(graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
+    """Node -> piece: 0 for input reads, then 1, 2, ... from each prologue on (what precedes the first one joins piece 1)."""
+    piece: dict[torch.fx.Node, int] = {}
+    current, seen_prologue = 1, False
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if _is_read(node):
+            piece[node] = _READS
+            continue
+        if node.op == "call_function" and _compat.is_aot_backward_prologue(node.target):
+            current += seen_prologue  # what precedes the first prologue joins its piece
+            seen_prologue = True
+        piece[node] = current
+    return piece
+
+
+def _callable_identity(target: Any) -> Any:
+    """What a node calls, as an identity: a function by its code and its closure's objects (never its name)."""
+    code = getattr(target, "__code__", None)
+    if code is None:
+        return ("object", id(target))
+    closure = tuple(id(cell.cell_contents) for cell in (target.__closure__ or ()))
+    defaults = tuple(id(value) for value in (target.__defaults__ or ()))
+    return ("function", id(code), closure, defaults, id(getattr(target, "__globals__", None)))
+
+
+def _constant_identity(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        plain = value.detach()
+        return ("tensor", str(plain.dtype), tuple(plain.shape), tuple(plain.stride()), str(plain.device),
+                plain.cpu().flatten().tolist() if plain.numel() <= 64 else id(value))
+    if value is None or isinstance(value, (bool, int, float, str, complex, torch.dtype, torch.device, torch.layout,
+                                           torch.memory_format)):
+        return (type(value).__name__, repr(value))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_constant_identity(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((repr(k), _constant_identity(v)) for k, v in value.items()))
+    if isinstance(value, slice):
+        return ("slice", repr(value))
+    return ("object", id(value))
+
+
+def piece_identity(module: torch.fx.GraphModule) -> tuple[Any, ...]:
+    """What a piece computes, comparable between pieces of one graph (Note [Regional CA graphs], identity)."""
+    index: dict[torch.fx.Node, int] = {}
+    described: list[Any] = []
+
+    def argument(value: Any) -> Any:
+        if isinstance(value, torch.fx.Node):
+            return ("node", index[value])
+        if isinstance(value, (list, tuple)):
+            return (type(value).__name__, tuple(argument(v) for v in value))
+        if isinstance(value, dict):
+            return ("dict", tuple((repr(k), argument(v)) for k, v in value.items()))
+        return _constant_identity(value)
+
+    for position, node in enumerate(module.graph.nodes):
+        index[node] = position
+        if node.op == "placeholder":
+            described.append(("placeholder",))
+        elif node.op == "get_attr":
+            described.append(("get_attr", _constant_identity(operator.attrgetter(node.target)(module))))
+        elif node.op == "output":
+            described.append(("output", argument(node.args)))
+        else:
+            target = _callable_identity(node.target) if node.op == "call_function" else (node.op, node.target)
+            described.append((node.op, target, argument(node.args), argument(node.kwargs)))
+    return tuple(described)
+
+
+def _input_identity(value: Any) -> Any:
+    """The metadata of one piece input that Dynamo guards on (Note [Regional CA graphs], identity)."""
+    if isinstance(value, torch.Tensor):
+        described = (type(value), tuple(value.shape), tuple(value.stride()) if value.layout == torch.strided else None,
+                     value.dtype, value.device, value.requires_grad)
+        if _compat.is_traceable_wrapper_subclass(value):
+            names, context = value.__tensor_flatten__()
+            described += (repr(context), tuple(_input_identity(getattr(value, name)) for name in names))
+        return described
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_input_identity(v) for v in value))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return (type(value), value)
+    return (type(value), id(value))
+
+
+class _Slot:
+    """One compiled piece of the top level: at its first call it adopts the compiled callable of its identity."""
+
+    def __init__(self, graph: RegionalGraph, module: torch.fx.GraphModule, number: int) -> None:
+        self._graph = graph
+        self._module = module
+        self._identity = piece_identity(module)
+        self._compiled: Any = None
+        self.number = number
+
+    def __call__(self, *args: Any) -> Any:
+        compiled = self._compiled
+        if compiled is not None:
+            return compiled(*args)
+        self._compiled = self._graph.compiled_for(self._identity, tuple(_input_identity(a) for a in args), self._module)
+        try:
+            return self._compiled(*args)
+        except Exception as error:
+            self._compiled = None
+            self._graph.failed(self, error)
+            raise
+
+
+class RegionalGraph:
+    """A CA graph run as an eager top level calling its pieces, each distinct piece compiled once."""
+
+    def __init__(self, top: torch.fx.GraphModule, slots: Sequence[_Slot], compile_piece: Callable[..., Any],
+                 report: diagnostics.CaptureReport) -> None:
+        self.top = top
+        self._forward = top.forward
+        self._slots = tuple(slots)
+        self._compile_piece = compile_piece
+        self._report = report
+        self._compiled: dict[tuple[Any, Any], Any] = {}
+        self._ran = 0
+        """Compiled pieces that ran during the current first run (see :meth:`failed`)."""
+        self._first = True
+        self.pieces = len(self._slots)
+
+    @property
+    def compiles(self) -> int:
+        """Distinct compiled pieces so far."""
+        return len(self._compiled)
+
+    def compiled_for(self, identity: tuple[Any, ...], inputs: tuple[Any, ...], module: torch.fx.GraphModule) -> Any:
+        key = (identity, inputs)
+        found = self._compiled.get(key)
+        if found is None:
+            found = self._compiled[key] = self._compile_piece(module.forward, fullgraph=True)
+            self._report.regional_compiles = len(self._compiled)
+        self._ran += 1
+        return found
+
+    def failed(self, slot: _Slot, error: Exception) -> None:
+        """A piece's first call failed: re-raise as is when nothing ran before it, else say what already ran."""
+        if self._ran <= 1:
+            return
+        raise RegionalCompileError(
+            f"regional piece {slot.number} of {self.pieces} of the backward failed on its first run, after "
+            f"{self._ran - 1} earlier piece(s) ran and accumulated their gradients ({type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}). Zero the gradients before the "
+            "next step; enable(regional=False) compiles the whole backward before running any of it, so it fails "
+            "before any gradient."
+        ) from error
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._first:
+            return self._forward(*args, **kwargs)
+        kept = list(args[0]) if args and isinstance(args[0], list) else None  # the inputs, for a retry as a whole
+        self._ran = 0
+        try:
+            result = self._forward(*args, **kwargs)
+        except Exception:
+            if kept is not None and self._ran <= 1:
+                args[0][:] = kept  # nothing ran: the caller may run the whole graph on the same inputs
+            raise
+        self._first = False
+        return result
+
+
+def _reads_then_release(forward: Callable[..., Any], inputs_position: int | None) -> Callable[..., Any]:
+    """The eager reads piece; afterwards the ``inputs`` list is emptied, as the whole compiled graph empties it."""
+
+    def read(*args: Any) -> Any:
+        values = forward(*args)
+        if inputs_position is not None and isinstance(args[inputs_position], list):
+            args[inputs_position].clear()
+        return values
+
+    return read
+
+
+def regional_graph(
+    graph_module: torch.fx.GraphModule,
+    compile_piece: Callable[..., Any],
+    report: diagnostics.CaptureReport,
+) -> RegionalGraph | None:
+    """``graph_module`` as a :class:`RegionalGraph`, or None where regions would not pay (Note [Regional CA graphs])."""
+    graph = graph_module.graph
+    if len(prologues(graph)) < 2:
+        return None
+    hook_calls = _compat.hook_calls()
+    if any(node.op == "call_function" and node.target in hook_calls for node in graph.nodes):
+        return None
+    piece = _partitions(graph)
+    top = split_module(graph_module, None, lambda node: piece[node], keep_original_order=True)
+    modules = dict(top.named_children())
+    identities = {name: piece_identity(module) for name, module in modules.items() if int(name.rsplit("_", 1)[1]) != _READS}
+    if len(set(identities.values())) == len(identities):
+        return None  # nothing repeats: one graph compiles and fuses best
+    slots = []
+    regional = RegionalGraph(top, [], compile_piece, report)
+    for name, module in modules.items():
+        number = int(name.rsplit("_", 1)[1])
+        delattr(top, name)  # a plain attribute: the top level's generated code calls self.<name>(...)
+        if number == _READS:
+            names = [node.name for node in module.graph.nodes if node.op == "placeholder"]
+            object.__setattr__(top, name, _reads_then_release(module.forward, names.index("inputs") if "inputs" in names else None))
+            continue
+        slot = _Slot(regional, module, number)
+        slots.append(slot)
+        object.__setattr__(top, name, slot)
+    regional._slots = tuple(slots)
+    regional.pieces = len(slots)
+    report.regional_pieces = len(slots)
+    return regional

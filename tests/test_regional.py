@@ -1,0 +1,172 @@
+"""Regional compiled autograd (issue 47; Note [Regional CA graphs] in ``subclass_ca/_regional.py``).
+
+A stack of identical blocks, each compiled on its own (``block.compile()``): under ``enable()`` the CA graph is
+cut at its pasted AOT backwards and each distinct piece compiles once; the parameters after two SGD steps equal
+the whole graph's bitwise (aot_eager) and eager's.  Graphs without repeated pieces, with hooks, or under
+``regional=False`` stay whole; a piece that fails after others ran says so.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import subclass_ca
+from subclass_ca import _compat, _graph
+from subclass_ca import RegionalCompileError
+from subclass_ca._regional import piece_identity
+
+TwoTensor = _compat.two_tensor_type()
+pytestmark = pytest.mark.skipif(TwoTensor is None, reason="this torch has no TwoTensor")
+
+
+class Block(nn.Module):
+    """LayerNorm -> frozen TwoTensor weight + rank-4 LoRA -> tanh -> residual (issue 47's block, smaller)."""
+
+    def __init__(self, dim: int = 16, rank: int = 4) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        weight = torch.randn(dim, dim) * dim**-0.5
+        self.weight = nn.Parameter(TwoTensor(weight.clone(), weight * 0.5), requires_grad=False)
+        self.lora_a = nn.Parameter(torch.randn(rank, dim) * 0.1)
+        self.lora_b = nn.Parameter(torch.randn(dim, rank) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return x + torch.tanh(h @ self.weight.t() + h @ self.lora_a.t() @ self.lora_b.t())
+
+
+def _inner(t: torch.Tensor) -> list[torch.Tensor]:
+    return [t.a.detach().clone(), t.b.detach().clone()] if isinstance(t, TwoTensor) else [t.detach().clone()]
+
+
+def train(depth: int, mode: str, backend: str = "aot_eager", *, hook: bool = False, steps: int = 2, **enable_kwargs):
+    """Parameters (inner tensors) after ``steps`` SGD steps, and the last capture report (``mode``: eager | ours)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*(Block() for _ in range(depth)))
+    if mode != "eager":
+        for block in model:
+            block.compile(backend=backend)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    for step in range(steps):
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(step), requires_grad=hook)
+        if hook:
+            x.register_hook(lambda grad: grad * 2)
+        block = subclass_ca.enable(backend=backend, **enable_kwargs) if mode == "ours" else None
+        loss = model(x).sin().sum()
+        if block is None:
+            loss.backward()
+        else:
+            with block:
+                loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [inner for p in model.parameters() for inner in _inner(p)], subclass_ca.last_report()
+
+
+@pytest.fixture(scope="module")
+def deep():
+    subclass_ca.reset()
+    return {"eager": train(5, "eager")[0], "regional": train(5, "ours"), "whole": train(5, "ours", regional=False)}
+
+
+def test_identical_blocks_compile_each_distinct_piece_once_and_equal_the_whole_graph_bitwise(deep):
+    got, report = deep["regional"]
+    assert report.regional_pieces == 5, report.summary()
+    # the last block (its gradient arrives from the loss, with other strides) and the first (a plain input) differ;
+    # the three between are one compile
+    assert report.regional_compiles == 3, report.summary()
+    assert f"regional: 5 piece(s), 3 distinct compile(s)" in report.summary()
+    whole, whole_report = deep["whole"]
+    assert whole_report.regional_pieces == 0
+    for g, w, e in zip(got, whole, deep["eager"], strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+        torch.testing.assert_close(g, e)
+
+
+def test_a_graph_without_repeated_pieces_stays_whole():
+    subclass_ca.reset()
+    got, report = train(2, "ours")  # two blocks, two different backwards: nothing to share
+    assert report.regional_pieces == 0, report.summary()
+    for g, e in zip(got, train(2, "eager")[0], strict=True):
+        torch.testing.assert_close(g, e)
+
+
+def test_a_graph_with_hooks_stays_whole_and_matches_eager():
+    subclass_ca.reset()
+    got, report = train(4, "ours", hook=True)
+    assert report.regional_pieces == 0, report.summary()
+    for g, e in zip(got, train(4, "eager", hook=True)[0], strict=True):
+        torch.testing.assert_close(g, e)
+
+
+@pytest.mark.inductor
+def test_regional_pieces_under_inductor_match_eager():
+    subclass_ca.reset()
+    got, report = train(4, "ours", backend="inductor", steps=1)
+    assert report.regional_pieces == 4 and report.regional_compiles == 3, report.summary()
+    for g, e in zip(got, train(4, "eager", steps=1)[0], strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def _graph_module(scale: float, fn=torch.mul) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(fn, (x, scale)))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _closure_over(value: object):
+    def scaled(x):
+        return x * (value is None)
+
+    return scaled
+
+
+def test_piece_identity_compares_what_pieces_compute_never_names():
+    assert piece_identity(_graph_module(2.0)) == piece_identity(_graph_module(2.0))
+    assert piece_identity(_graph_module(2.0)) != piece_identity(_graph_module(3.0))
+    assert piece_identity(_graph_module(2.0)) != piece_identity(_graph_module(2.0, torch.add))
+    # one code, two closures: the same only when the closure holds the very same objects
+    shared = object()
+    assert piece_identity(_graph_module(2.0, _closure_over(shared))) == piece_identity(_graph_module(2.0, _closure_over(shared)))
+    assert piece_identity(_graph_module(2.0, _closure_over(shared))) != piece_identity(_graph_module(2.0, _closure_over(object())))
+
+
+def _failing_compile(fail_at: int):
+    """A piece compiler whose ``fail_at``-th distinct compile raises at its first call."""
+    calls = []
+    original = _graph.CompiledCAGraph._compile_piece
+
+    def compile_piece(self, forward, *, fullgraph):
+        calls.append(forward)
+        if len(calls) == fail_at:
+            def broken(*args):
+                raise RuntimeError("piece compile failed on purpose")
+
+            return broken
+        return original(self, forward, fullgraph=fullgraph)
+
+    return compile_piece
+
+
+def test_a_piece_failing_after_others_ran_names_what_ran_and_the_way_out(monkeypatch):
+    subclass_ca.reset()
+    monkeypatch.setattr(_graph.CompiledCAGraph, "_compile_piece", _failing_compile(2))
+    with pytest.raises(RegionalCompileError, match=r"after 1 earlier piece\(s\) ran.*enable\(regional=False\)"):
+        train(5, "ours", steps=1)
+
+
+def test_a_first_piece_failing_raises_its_own_error(monkeypatch):
+    subclass_ca.reset()
+    monkeypatch.setattr(_graph.CompiledCAGraph, "_compile_piece", _failing_compile(1))
+    with pytest.raises(RuntimeError, match="piece compile failed on purpose") as raised:
+        train(5, "ours", steps=1)
+    assert not isinstance(raised.value, RegionalCompileError)
+
+
+def test_regional_must_be_a_bool():
+    with pytest.raises(ValueError, match="Config.regional must be True or False"):
+        subclass_ca.enable(regional="yes")
