@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from filelock import FileLock
 
 import torch
 
@@ -106,6 +109,27 @@ def assert_matches_eager(result: dict) -> None:
     """Inductor is not bitwise equal to eager: close within float tolerance, per parameter."""
     for got, expected in zip(result["grads"], result["eager"], strict=True):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=1e-5)
+
+
+def shared_cold_run(tmp_path_factory, name: str, **settings) -> tuple[Path, dict]:
+    """One cold run per test session, whichever pytest-xdist worker asks first: its cache folder and result.
+
+    Tests copy the folder (:func:`copy_cache`) before writing to it; a cold run is the costly part of a
+    warm-start test (every graph compiles), and several tests start from the same one."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "cold-runs" / name
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root) + ".lock"):
+        if not (root / "result.json").exists():
+            result = run_step(root / "cache", **settings)
+            (root / "result.json").write_text(json.dumps(result))
+    return root / "cache", json.loads((root / "result.json").read_text())
+
+
+def copy_cache(folder: Path, to: Path, *, traces: bool) -> Path:
+    """A copy of a cache folder, with or without the kept traces ``save_cache()`` added to it."""
+    shutil.copytree(folder, to, ignore=None if traces else shutil.ignore_patterns("subclass_ca_traced"))  # traced.py keeps them there
+    return to
 
 
 def run_step(cache_dir: Path, **settings) -> dict:

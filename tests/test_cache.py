@@ -9,7 +9,7 @@ import pytest
 import subclass_ca
 from subclass_ca import _compat
 from subclass_ca._warm_start import files as cache
-from tests.cache_worker import assert_matches_eager, run_step
+from tests.cache_worker import assert_matches_eager, copy_cache, run_step, shared_cold_run
 
 needs_cache_hooks = pytest.mark.skipif(
     not _compat.marked_cacheable_supported(), reason="this torch has no AOTAutogradCache allowlist"
@@ -51,12 +51,12 @@ def test_a_saved_cache_warms_a_process_with_an_empty_cache_folder(tmp_path):
 @pytest.mark.inductor
 @needs_cache_hooks
 @pytest.mark.skipif(not _compat.precompile_supported(), reason="this torch cannot replay a Dynamo trace")
-def test_a_kept_trace_whose_guards_refuse_the_restart_is_traced_again(tmp_path):
+def test_a_kept_trace_whose_guards_refuse_the_restart_is_traced_again(tmp_path_factory, tmp_path):
     """A restart in another global state (here torch's thread count, which Dynamo guards): the kept trace is
     installed on the same CA graph, its guards refuse the call, and Dynamo traces it as without one.
     """
-    run_step(tmp_path / "job", save=None)
-    other = run_step(tmp_path / "job", threads=2)
+    folder, _ = shared_cold_run(tmp_path_factory, "pair-tanh", save=None)  # a cold run that kept its traces
+    other = run_step(copy_cache(folder, tmp_path / "job", traces=True), threads=2)
     assert other["traced"]["replayed"] == 1 and other["ca_traces"] == 1, other
     assert_matches_eager(other)
 

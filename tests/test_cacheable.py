@@ -13,17 +13,18 @@ import pytest
 
 from subclass_ca import _compat
 from subclass_ca._warm_start import cacheable as _cacheable
-from tests.cache_worker import assert_matches_eager, run_step
+from tests.cache_worker import assert_matches_eager, copy_cache, run_step, shared_cold_run
 
 pytestmark = [
     pytest.mark.inductor,
     pytest.mark.skipif(not _compat.marked_cacheable_supported(), reason="this torch has no AOTAutogradCache allowlist"),
 ]
 
-@pytest.fixture(scope="module")
-def warm_cache(tmp_path_factory) -> tuple[Path, dict]:
-    cache_dir = tmp_path_factory.mktemp("inductor-cache")
-    return cache_dir, run_step(cache_dir)
+@pytest.fixture
+def warm_cache(tmp_path_factory, tmp_path) -> tuple[Path, dict]:
+    """The shared cold run's folder (its kept traces left out: these tests are about AOTAutogradCache entries)."""
+    folder, cold = shared_cold_run(tmp_path_factory, "pair-tanh", save=None)
+    return copy_cache(folder, tmp_path / "cache", traces=False), cold
 
 
 def test_cold_run_saves_its_ca_graph_instead_of_bypassing_the_cache(warm_cache):
@@ -89,13 +90,13 @@ def test_custom_cpp_functions_are_never_described():
     assert _cacheable.key_of(Op()) is None
 
 
-def test_damaged_entries_in_the_cache_folder_recompile_cleanly(tmp_path):
-    run_step(tmp_path)
-    entries = [p for p in tmp_path.rglob("*") if p.is_file() and "aotautograd" in p.parts]
+def test_damaged_entries_in_the_cache_folder_recompile_cleanly(warm_cache):
+    cache_dir, _ = warm_cache
+    entries = [p for p in cache_dir.rglob("*") if p.is_file() and "aotautograd" in p.parts]
     assert entries, "the cold run wrote no AOTAutogradCache entry"
     for path in entries:
         path.write_bytes(b"\x80\x04damaged" + bytes(range(64)))
-    damaged = run_step(tmp_path)
+    damaged = run_step(cache_dir)
     assert damaged["ca"]["aot_hit"] == 0, damaged["ca"]
     assert_matches_eager(damaged)
     assert damaged["grad_types"] == ["PairTensor", "PairTensor"]

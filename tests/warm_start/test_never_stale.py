@@ -21,17 +21,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from subclass_ca import _compat
 from tests.warm_start.knobs_package import TYPES, write_package
 
 WORKER = Path(__file__).with_name("stale_worker.py")
-# Every indirection in every program on the default lane; on the other lanes (Note [The lane suite] in
-# tests/conftest.py) one indirection of each kind of reach (another module's function, dispatch, an
-# upgraded package) in the two programs whose CA graphs subclass_ca caches, to stay inside CI's time.
+# Each of the nine indirections changes the key in process (tests/test_behaviour.py); these restart chains show
+# that every form and program uses that key.  On the default lane: every program, one indirection of each kind
+# of reach (another module's function, a closure's hidden object, dispatch, an upgraded package); on the other
+# lanes (Note [The lane suite] in tests/conftest.py) three of them in the two programs whose CA graphs
+# subclass_ca caches, to stay inside CI's time.
 FULL = os.environ.get("SUBCLASS_CA_SUITE", "full") == "full"
 PROGRAMS = ("compiled", "eager", "step") if FULL else ("compiled", "eager")
-CHECKED = TYPES if FULL else ("FuncPair", "DispatchPair", "UpgradePair")
+CHECKED = ("FuncPair", "ClosurePair", "DispatchPair", "UpgradePair") if FULL else ("FuncPair", "DispatchPair", "UpgradePair")
+assert set(CHECKED) <= set(TYPES)
 
 pytestmark = [
     pytest.mark.inductor,
@@ -59,17 +63,35 @@ def _assert_eager(result: dict, *, run: str) -> None:
         )
 
 
+def _shared_root(tmp_path_factory) -> Path:
+    """One folder for the whole session, shared by pytest-xdist's workers (their temp roots have one parent)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "never_stale"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory):
-    root = tmp_path_factory.mktemp("knobs")
-    return write_package(root / "bug", scale=2.0, version="1.0"), write_package(root / "fix", scale=1.0, version="2.0")
+    root = _shared_root(tmp_path_factory) / "knobs"
+    with FileLock(str(root) + ".lock"):
+        if not (root / "done").exists():
+            write_package(root / "bug", scale=2.0, version="1.0"), write_package(root / "fix", scale=1.0, version="2.0")
+            (root / "done").touch()
+    return root / "bug", root / "fix"
 
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory, packages):
-    """Run 1 (the bug): its cache folder with AOT entries and kept traces, and its cache file."""
-    root = tmp_path_factory.mktemp("first")
-    result = _run(root / "cache", packages[0], save=str(root / "bug.bin"))
+    """Run 1 (the bug): its cache folder with AOT entries and kept traces, and its cache file.
+
+    Made once per session, whichever worker asks first (every test only copies it): run 1 compiles every type."""
+    root = _shared_root(tmp_path_factory) / "first"
+    with FileLock(str(root) + ".lock"):
+        if not (root / "result.json").exists():
+            result = _run(root / "cache", packages[0], save=str(root / "bug.bin"))
+            (root / "result.json").write_text(json.dumps(result))
+    result = json.loads((root / "result.json").read_text())
     wrong = [c for c, g in result["types"].items() if not torch.allclose(torch.tensor(g["grad"]), torch.tensor(g["eager"]))]
     # the bug shows in every type whose knob eager never runs: run 2 can tell a stale hit from a fresh compile
     expected = {f"{program} {name}" for program in PROGRAMS for name in CHECKED if name != "DispatchPair"}
