@@ -49,7 +49,7 @@ test-lanes:
 	  SUITE=$$( [ $$torch = 2.13.0 ] && echo full || echo lane ); done
 
 # the full benchmark (<= 10 min on a 2-core machine): RESULTS.md, results.json, bench.png in benchmarks/
-BENCH_ARGS ?= --threads 1 --no-progress --tp --fsdp2 --ddp --append benchmarks/analysis.md
+BENCH_ARGS ?= --threads 1 --no-progress --tp --fsdp2 --ddp --depth --append benchmarks/analysis.md
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m tools bench $(BENCH_ARGS)
 

@@ -940,6 +940,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "on a micro MLP (3 runs) and transformer blocks (TwoTensor, NF4-LoRA), backends of --backends, gradients "
                    "checked against eager FSDP2 "
                    "(multi-process; combine with --render to add it to existing results)")
+    p.add_argument("--depth", action="store_true", help="also sweep the depth of a stack of regionally compiled blocks "
+                   "(L = 2, 8, 32, 64; TwoTensor-LoRA and NF4-LoRA; inductor; fresh processes): cold first step, CA "
+                   "capture and steady step of compile-only, stock CA and subclass_ca (combine with --render)")
     p.add_argument("--ddp", action="store_true", help="also time DistributedDataParallel training: eager DDP vs compile-only "
                    "(C++ and Python reducer) vs subclass_ca, TwoTensor MLP and NF4-LoRA rows, backends of --backends "
                    "(multi-process; combine with --render to add it to existing results)")
@@ -980,6 +983,7 @@ SECTIONS: dict[str, str] = {
     "breakdown": "tools.bench_breakdown",
     "fsdp2": "tools.bench_fsdp2",
     "ddp": "tools.bench_ddp",
+    "depth": "tools.bench_depth",
     "tp": "tools.bench_tp",
     "warm_start": "tools.bench_warm_start",
 }
@@ -1013,6 +1017,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_fsdp2 = section("fsdp2")
         fsdp2_settings = bench_fsdp2.FSDP2Bench(backends=settings.backends, device=settings.device)
         results["fsdp2"] = bench_fsdp2.bench(world_size=args.nproc, settings=fsdp2_settings)
+    if args.depth:  # tools/bench_depth.py: cold start against depth, regional compiled autograd (fresh processes)
+        bench_depth = section("depth")
+        results["depth"] = bench_depth.bench(bench_depth.DepthBench())
+        if settings.plot and bench_depth.plot(results["depth"], os.path.join(settings.out_dir, "depth.png")):
+            results["depth"]["chart"] = "depth.png"
     if args.ddp:  # tools/bench_ddp.py: DDP, eager vs compile-only vs subclass_ca, and the Python reducer's cost
         bench_ddp = section("ddp")
         results["ddp"] = bench_ddp.bench(world_size=args.nproc, settings=bench_ddp.DDPBench(backends=settings.backends,
