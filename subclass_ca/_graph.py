@@ -67,16 +67,19 @@ class CompiledCAGraph:
         if self._compile_graph is not None:  # the compiler of a torch.compile-d train step (flag style)
             return self._compile_graph(self._graph_module)
         config = self._config
-        if fullgraph and config.regional and "mode" not in config.compile_kwargs:  # Note [Regional CA graphs]
-            regional = _regional.regional_graph(self._graph_module, self._compile_piece, self._report)
-            if regional is not None:
-                return regional
         kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs, config.cache)
         if fullgraph:  # Note [Skipping Dynamo's trace of an unchanged CA graph]
             self._traced = compile_traced(self._graph_module, config, kwargs, self._behaviour, **_sizes(config))
             if self._traced is not None:
                 return self._traced.compiled
         return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)
+
+    def _regional(self) -> Any:
+        """The graph cut into regional pieces, or None where it is compiled whole (Note [Regional CA graphs])."""
+        config = self._config
+        if not (self._lazy_fullgraph and config.regional and self._compile_graph is None) or "mode" in config.compile_kwargs:
+            return None
+        return _regional.regional_graph(self._graph_module, self._compile_piece, self._report)
 
     def _compile_piece(self, forward: Callable[..., Any], *, fullgraph: bool) -> Any:
         """One piece of a split or regional graph, compiled as the whole graph would be."""
@@ -196,6 +199,8 @@ class CompiledCAGraph:
 
     def _first_call(self, *args: Any, **kwargs: Any) -> Any:
         if self._compiled is None:
+            self._compiled = self._regional()
+        if self._compiled is None:  # compiled whole: its key across processes first (a regional graph needs none)
             self._behaviour = self._behaviour_key(args)
             self._compiled = self._compile(self._lazy_fullgraph)
         traced = self._traced
