@@ -169,10 +169,10 @@ def _input_identity(value: Any) -> Any:
 class _Slot:
     """One compiled piece of the top level: at its first call it adopts the compiled callable of its identity."""
 
-    def __init__(self, graph: RegionalGraph, module: torch.fx.GraphModule, number: int) -> None:
+    def __init__(self, graph: RegionalGraph, module: torch.fx.GraphModule, number: int, identity: tuple[Any, ...]) -> None:
         self._graph = graph
         self._module = module
-        self._identity = piece_identity(module)
+        self._identity = identity
         self._compiled: Any = None
         self.number = number
 
@@ -285,7 +285,7 @@ def regional_graph(
             names = [node.name for node in module.graph.nodes if node.op == "placeholder"]
             object.__setattr__(top, name, _reads_then_release(module.forward, names.index("inputs") if "inputs" in names else None))
             continue
-        slot = _Slot(regional, module, number)
+        slot = _Slot(regional, module, number, identities[name])
         slots.append(slot)
         object.__setattr__(top, name, slot)
     regional._slots = tuple(slots)

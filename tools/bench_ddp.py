@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .bench_fsdp2 import _timed
 from .bench_stats import quartiles
 from .report import as_json as to_json
 from .report import command_of, targets_table, verdict_lines
@@ -166,18 +167,6 @@ def _build_mode(name: str, model_name: str, backend: str, rank: int, device: str
         optimizer.step()
 
     return _Mode(name=name, model=model, step=step)
-
-
-def _timed(mode: _Mode, steps: int, device: str) -> float:
-    import torch.distributed as dist
-
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        mode.step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3 / steps
 
 
 def _inner(t: torch.Tensor) -> list[torch.Tensor]:
