@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .bench_fsdp2 import _timed
+from .bench_fsdp2 import timed_steps
 from .bench_stats import quartiles
 from .report import as_json as to_json
 from .report import command_of, targets_table, verdict_lines
@@ -186,13 +186,13 @@ def _row(rank: int, settings: DDPBench, model_name: str, backend: str, names: tu
     modes = [_build_mode(name, model_name, backend, rank, settings.device) for name in names]
     compile_mode = next(mode for mode in modes if mode.name == "compile")
     for mode in modes:
-        mode.cold_ms = _timed(mode, 1, settings.device)
+        mode.cold_ms = timed_steps(mode, 1, settings.device)
     for _ in range(settings.warmup):
         for mode in modes:
-            _timed(mode, 1, settings.device)
+            timed_steps(mode, 1, settings.device)
     for rep in range(settings.reps):
         for mode in modes if rep % 2 == 0 else modes[::-1]:
-            mode.samples.append(_timed(mode, settings.block, settings.device))
+            mode.samples.append(timed_steps(mode, settings.block, settings.device))
     tol = TOLERANCE.get(backend, TOLERANCE["inductor"])
     eager = modes[0]  # the reference: eager DDP, or compile-only in the Python reducer's launch
     want = [inner for p in eager.model.parameters() if p.requires_grad for inner in _inner(p)]

@@ -153,7 +153,7 @@ def _build_mode(name: str, run: parity.FSDP2Run, rank: int) -> _Mode:
     return _Mode(name=name, model=model, step=step)
 
 
-def _timed(mode: _Mode, steps: int, device: str) -> float:
+def timed_steps(mode: _Mode, steps: int, device: str) -> float:
     """``steps`` steps of ``mode`` after a barrier; ms per step on this rank's clock."""
     import torch.distributed as dist
 
@@ -193,17 +193,17 @@ def _row(rank: int, settings: FSDP2Bench, model_name: str, backend: str) -> dict
     modes = [_build_mode(name, run, rank) for name in MODES]
     report = None
     for mode in modes:
-        mode.cold_ms = _timed(mode, 1, settings.device)
+        mode.cold_ms = timed_steps(mode, 1, settings.device)
         mode.grads_first = local_shards({n: p.grad for n, p in mode.model.named_parameters() if p.requires_grad})
         if mode.name == "subclass_ca":
             report = last_report()
     for _ in range(settings.warmup):
         for mode in modes:
-            _timed(mode, 1, settings.device)
+            timed_steps(mode, 1, settings.device)
     for rep in range(settings.reps):
         order = modes if rep % 2 == 0 else modes[::-1]
         for mode in order:
-            mode.samples.append(_timed(mode, settings.block, settings.device))
+            mode.samples.append(timed_steps(mode, settings.block, settings.device))
     tol = TOLERANCE.get(backend, TOLERANCE["inductor"])
     eager = modes[0]
     out: dict[str, Any] = {"model": model_name, "backend": backend, "label": run.label,
