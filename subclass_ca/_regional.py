@@ -62,6 +62,11 @@ __all__ = ["RegionalGraph", "regional_graph", "piece_identity", "prologues"]
 
 _READS = 0
 """Piece number of the eager piece that reads the graph's inputs."""
+_HEAD = 1
+"""Piece number of the eager head: what precedes the first prologue, less its sinks (Note [Regional CA graphs], cut)."""
+_SINKS = 2
+"""Piece number of the head's sinks (its accumulations), run eagerly after the first compiled piece."""
+_FIRST_REGION = 3
 
 
 def prologues(graph: torch.fx.Graph) -> list[torch.fx.Node]:
@@ -78,19 +83,47 @@ def _is_read(node: torch.fx.Node) -> bool:
     )
 
 
-def _partitions(graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
-    """Node -> piece: 0 for input reads, then 1, 2, ... from each prologue on (what precedes the first one joins piece 1)."""
-    piece: dict[torch.fx.Node, int] = {}
-    current, seen_prologue = 1, False
+def _is_prologue(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and _compat.is_aot_backward_prologue(node.target)
+
+
+def _head_sinks(graph: torch.fx.Graph, second: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """The head's sinks (nodes no other node uses: its accumulations), moved to just before ``second``.
+
+    None when the head does something else with an effect (an impure node whose result is used):
+    then it cannot run apart from the first region without changing what a failed first compile leaves.
+    """
+    sinks = []
     for node in graph.nodes:
-        if node.op in ("placeholder", "output"):
+        if _is_prologue(node):
+            break
+        if node.op in ("placeholder", "output") or _is_read(node):
+            continue
+        if not node.users:
+            sinks.append(node)
+        elif node.is_impure():
+            return None
+    for node in sinks:
+        second.prepend(node)  # nothing uses a sink, and all it uses is defined before the first prologue
+    return sinks
+
+
+def _partitions(graph: torch.fx.Graph, sinks: list[torch.fx.Node] | None) -> dict[torch.fx.Node, int]:
+    """Node -> piece: input reads, the eager head and its ``sinks``, then one piece per prologue on.
+
+    With ``sinks`` None (a head that cannot run apart) what precedes the first prologue joins its piece.
+    """
+    piece: dict[torch.fx.Node, int] = dict.fromkeys(sinks or (), _SINKS)
+    current, prologues_seen = (_FIRST_REGION if sinks is None else _HEAD), 0
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output") or node in piece:
             continue
         if _is_read(node):
             piece[node] = _READS
             continue
-        if node.op == "call_function" and _compat.is_aot_backward_prologue(node.target):
-            current += seen_prologue  # what precedes the first prologue joins its piece
-            seen_prologue = True
+        if _is_prologue(node):
+            current = _FIRST_REGION + prologues_seen
+            prologues_seen += 1
         piece[node] = current
     return piece
 
@@ -270,24 +303,29 @@ def regional_graph(
     hook_calls = _compat.hook_calls()
     if any(node.op == "call_function" and node.target in hook_calls for node in graph.nodes):
         return None
-    piece = _partitions(graph)
+    starts = prologues(graph)
+    sinks = _head_sinks(graph, starts[1])
+    if sinks:
+        graph_module.recompile()  # the whole graph stays runnable as is (recovery, regional=False) with its sinks moved
+    piece = _partitions(graph, sinks)
     top = split_module(graph_module, None, lambda node: piece[node], keep_original_order=True)
-    modules = dict(top.named_children())
-    identities = {name: piece_identity(module) for name, module in modules.items() if int(name.rsplit("_", 1)[1]) != _READS}
+    modules = {int(name.rsplit("_", 1)[1]): (name, module) for name, module in top.named_children()}
+    identities = {number: piece_identity(module) for number, (_, module) in modules.items() if number >= _FIRST_REGION}
     if len(set(identities.values())) == len(identities):
         return None  # nothing repeats: one graph compiles and fuses best
     slots = []
     regional = RegionalGraph(top, [], compile_piece, report)
-    for name, module in modules.items():
-        number = int(name.rsplit("_", 1)[1])
+    for number, (name, module) in modules.items():
         delattr(top, name)  # a plain attribute: the top level's generated code calls self.<name>(...)
         if number == _READS:
             names = [node.name for node in module.graph.nodes if node.op == "placeholder"]
             object.__setattr__(top, name, _reads_then_release(module.forward, names.index("inputs") if "inputs" in names else None))
-            continue
-        slot = _Slot(regional, module, number, identities[name])
-        slots.append(slot)
-        object.__setattr__(top, name, slot)
+        elif number in (_HEAD, _SINKS):
+            object.__setattr__(top, name, module.forward)  # eager, as compile-only runs it (Note [Regional CA graphs], cut)
+        else:
+            slot = _Slot(regional, module, number - _FIRST_REGION + 1, identities[number])
+            slots.append(slot)
+            object.__setattr__(top, name, slot)
     regional._slots = tuple(slots)
     regional.pieces = len(slots)
     report.regional_pieces = len(slots)
