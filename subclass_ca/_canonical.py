@@ -102,6 +102,24 @@ def _node_name(node: torch.fx.Node) -> str | None:
     return prefix + _operation(node.target)
 
 
+def _same_code(left: torch.fx.Graph, right: torch.fx.Graph) -> bool:
+    """Whether two graphs read the same: node by node the same name, op, target, type and arguments (no codegen)."""
+    if len(left.nodes) != len(right.nodes):
+        return False
+
+    def by_name(value: Any) -> Any:
+        return torch.fx.map_arg(value, lambda node: ("node", node.name))
+
+    try:
+        return all(
+            a.name == b.name and a.op == b.op and (a.target is b.target or a.target == b.target) and a.type == b.type
+            and by_name(a.args) == by_name(b.args) and by_name(a.kwargs) == by_name(b.kwargs)
+            for a, b in zip(left.nodes, right.nodes)
+        )
+    except RuntimeError:  # an argument that compares element-wise (a tensor): call it different, as code would
+        return False
+
+
 def canonical_form(graph_module: torch.fx.GraphModule) -> bool:
     """Rewrite the nodes pasted from AOT backwards into their canonical form; returns whether anything changed."""
     graph = graph_module.graph
@@ -148,7 +166,7 @@ def canonical_form(graph_module: torch.fx.GraphModule) -> bool:
         copied = rewritten.create_node(node.op, node.target, args, kwargs, canonical_name(_node_name(node) or node.name), node.type)
         copied.meta = copy.copy(node.meta)
         copies[node] = copied
-    if rewritten.python_code("self").src == graph.python_code("self").src:
+    if _same_code(rewritten, graph):
         return False  # already canonical
     for node in constants:
         if node.op == "get_attr" and not _compat.pasted_aot_prefix(node.target) and hasattr(graph_module, node.target):

@@ -11,12 +11,16 @@ regions is cut into pieces and each *distinct* piece is compiled once:
 * **Cut.** A piece starts at each call of an AOT backward's prologue (compiled autograd's
   ``call_aot_bwd_prologue``) and runs to the next one: one block's backward, its epilogue (the
   subclass rebuilds), its accumulations, and the autograd nodes between it and the next block.
-  What precedes the first prologue (the loss's backward, a head outside every region) joins the
-  first piece: that piece differs from the repeated ones anyway (its gradient arrives with other
-  strides), so this saves a compile.  Every read of the graph's inputs (``inputs[i]``,
-  ``sizes[i]``, ``hooks[i]``, ...) moves to one eager piece that runs first and then empties the
-  ``inputs`` list (as the compiled whole graph does), so pieces take tensors, not list slots: two
-  blocks differ only in which tensors they get.
+  What precedes the first prologue (the loss's backward, a head outside every region: the *head*)
+  runs eagerly on its own, as compile-only runs it, so the first block's piece is like the others
+  and shares their compile instead of costing one of its own.  The head's accumulations (nodes
+  nothing uses) move to just after the first compiled piece: a first piece that fails to compile
+  has then run nothing with an effect, and the whole graph can still run once (recovery).  A head
+  with another effect (an in-place node whose result is used) joins the first piece instead.
+  Every read of the graph's inputs (``inputs[i]``, ``sizes[i]``, ``hooks[i]``, ...) moves to one
+  eager piece that runs first and then empties the ``inputs`` list (as the compiled whole graph
+  does), so pieces take tensors, not list slots: two blocks differ only in which tensors they get.
+  What follows the last block's backward (an embedding's) stays in that block's piece.
 * **Identity.** Two pieces share a compile only when they compute the same thing, never by names:
   the same nodes in the same order calling the same objects (a function by its code and the very
   objects its closure holds, so two prologues of one AOT function match and those of two functions
@@ -31,7 +35,11 @@ regions is cut into pieces and each *distinct* piece is compiled once:
   ``enable(regional=True)``, the default.  Everything else keeps the single graph; a graph split at
   FSDP2's hooks keeps that split (Note [Splitting the CA graph at FSDP2's hooks]).
 * **Fusion** stops at a piece's edge: inductor fuses within a block's backward (where nearly all of
-  it is) but not across two blocks, and each piece is one Dynamo frame entry per run.
+  it is) but not across two blocks.  Each piece is one entry into a ``torch.compile``-d frame per
+  run (Dynamo's frame and guards, AOT's runtime wrapper): about 50 us a block on this project's CPU,
+  which a whole graph pays once.  Where a block's backward is a few small kernels (the depth sweep's
+  NF4 block, D = 64) that is most of what the whole graph saved over compile-only; on real blocks
+  it is noise.
 * **Sizes.** Static-first sizes stay so: a size passed into a piece as an int specialises it; a
   size compiled autograd made dynamic arrives as its own (maybe-dynamic) input and stays symbolic.
 * **First run.** The whole graph compiled at once fails before any of it runs; pieces compile as
@@ -39,9 +47,10 @@ regions is cut into pieces and each *distinct* piece is compiled once:
   :class:`RegionalCompileError` says which and that the earlier pieces' gradients were
   accumulated.  A failure in the first compiled piece (nothing ran) goes the usual way (recovery,
   or the whole graph without regions).
-* **Warm start.** Each distinct piece is compiled as FSDP2's split pieces are: its AOTAutogradCache
-  key goes through the never-stale key swap (Note [Keys by behaviour]), or the cache is bypassed.
-  A regional graph keeps no Dynamo trace (kept traces are per whole graph), so a restart traces
+* **Warm start.**  Each distinct piece is compiled as FSDP2's split pieces are: its AOTAutogradCache
+  key goes through the never-stale key swap (Note [Keys by behaviour]), or the cache is bypassed,
+  so a restart never reuses a stale piece.  A regional graph keeps no Dynamo trace (kept traces are
+  per whole graph, and the whole graph's key would describe every block again), so a restart traces
   each distinct piece again: a handful, not one per block.
 """
 

@@ -8,6 +8,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("tools.demo", "train a small subclass model in four modes side by side"),
     "bench": ("tools.bench", "benchmark eager / compile / stock CA / subclass_ca"),
+    "depth": ("tools.bench_depth", "cold start against depth (regional compiled autograd): compile-only vs stock CA vs subclass_ca"),
     "fsdp2": ("tools.fsdp2_parity", "FSDP2 (fully_shard) on N processes: each mode vs eager FSDP2 and a dense run"),
     "fsdp2-profile": ("tools.fsdp2_profile", "FSDP2 backward under torch.profiler: where the reduce-scatters run, eager vs subclass_ca"),
     "fsdp2-cost": ("tools.fsdp2_cost", "FSDP2 backward time: compiled autograd itself vs compiling its pieces, against eager FSDP2"),

@@ -34,7 +34,8 @@ from typing import Any
 from .report import as_json as to_json
 from .report import command_of, targets_table, verdict_lines
 
-__all__ = ["DepthBench", "MODES", "MODELS", "TARGETS", "bench", "markdown_section", "format_summary", "to_json", "plot"]
+__all__ = ["DepthBench", "MODES", "MODELS", "TARGETS", "bench", "build_parser", "format_summary", "main", "markdown_section",
+           "plot", "settings_from_args", "to_json"]
 
 MODES: tuple[str, ...] = ("compile", "stock", "subclass_ca")
 MODELS: tuple[str, ...] = ("two_tensor_lora", "nf4_lora")
@@ -57,11 +58,19 @@ class DepthBench:
     steady: int = 15
     batch: int = 8
     dim: int = 64
+    modes: tuple[str, ...] = MODES
+    """Modes sampled (compile-only is the reference of every ratio, so it is always one of them)."""
+    device: str = "cpu"
+    """``cpu`` or ``cuda`` (the GPU check's L = 32 row)."""
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.models if m not in MODELS]
         if unknown:
             raise ValueError(f"DepthBench.models: unknown {unknown}; allowed values are {list(MODELS)}")
+        if "compile" not in self.modes or any(m not in MODES for m in self.modes):
+            raise ValueError(f"DepthBench.modes must include 'compile' and be among {list(MODES)}, got {self.modes!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"DepthBench.device must be 'cpu' or 'cuda', got {self.device!r}")
         if not self.depths or any(not isinstance(d, int) or d < 1 for d in self.depths):
             raise ValueError(f"DepthBench.depths must be positive ints, got {self.depths!r}")
         for name in ("reps", "target_reps", "steady"):
@@ -118,9 +127,10 @@ def sample(settings: dict[str, Any]) -> dict[str, Any]:
     model_name, depth, mode, dim = settings["model"], settings["depth"], settings["mode"], settings["dim"]
     block = _block_class(model_name, dim)
     torch.manual_seed(0)
-    model = nn.Sequential(*(block() for _ in range(depth)))
+    device = torch.device(settings.get("device", "cpu"))
+    model = nn.Sequential(*(block() for _ in range(depth))).to(device)
     torch.manual_seed(0)
-    reference = nn.Sequential(*(block() for _ in range(depth)))
+    reference = nn.Sequential(*(block() for _ in range(depth))).to(device)
     for layer in model:
         layer.compile(backend="inductor")
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -139,8 +149,13 @@ def sample(settings: dict[str, Any]) -> dict[str, Any]:
 
     _compiler.CACompiler.__call__ = timed_call
 
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
     def step(index: int) -> tuple[float, float]:
-        x = torch.randn(settings["batch"], dim, generator=torch.Generator().manual_seed(index))
+        x = torch.randn(settings["batch"], dim, generator=torch.Generator().manual_seed(index)).to(device)
+        synchronize()
         start = time.perf_counter()
         loss = model(x).sin().sum()
         backward_start = time.perf_counter()
@@ -154,11 +169,12 @@ def sample(settings: dict[str, Any]) -> dict[str, Any]:
                 loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+        synchronize()
         return time.perf_counter() - start, backward_start
 
     cold_s, backward_start = step(0)
     capture_s = captured[0] - backward_start if captured else None
-    x = torch.randn(settings["batch"], dim, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(settings["batch"], dim, generator=torch.Generator().manual_seed(0)).to(device)
     reference(x).sin().sum().backward()
     with torch.no_grad():
         for p in [p for p in reference.parameters() if p.requires_grad]:
@@ -211,10 +227,11 @@ def bench(settings: DepthBench | None = None, *, progress: Any = None) -> dict[s
         for depth in settings.depths:
             reps = max(settings.reps, settings.target_reps if depth == 32 else 1)
             for rep in range(reps):
-                modes = list(MODES) + (["subclass_ca_whole"] if depth == settings.whole_depth and rep == 0 else [])
+                modes = list(settings.modes) + (["subclass_ca_whole"] if depth == settings.whole_depth and rep == 0 else [])
                 for mode in modes if (rep + depth) % 2 == 0 else modes[::-1]:
                     base = {"model": model, "depth": depth, "mode": mode, "rep": rep}
-                    result = _run_sample({**base, "dim": settings.dim, "batch": settings.batch, "steady": settings.steady})
+                    result = _run_sample({**base, "dim": settings.dim, "batch": settings.batch, "steady": settings.steady,
+                                          "device": settings.device})
                     samples.append({**base, **result})
                     if progress is not None:
                         progress(samples[-1])
@@ -365,6 +382,46 @@ def plot(result: dict[str, Any], path: str) -> bool:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return True
+
+
+# --- python -m tools depth (the GPU check's L = 32 row; make bench runs the sweep through bench --depth) -----
+
+
+def build_parser() -> Any:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m tools depth", description="cold start against depth, regional "
+                                "compiled autograd: compile-only vs stock CA vs subclass_ca (fresh processes)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--depths", type=int, nargs="+", default=list(DepthBench.depths))
+    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--target-reps", type=int, default=DepthBench.target_reps, help="samples per mode at L = 32")
+    p.add_argument("--whole-depth", type=int, default=DepthBench.whole_depth,
+                   help="depth of the regional=False reference sample (0: none)")
+    p.add_argument("--steady", type=int, default=DepthBench.steady)
+    p.add_argument("--json", metavar="PATH", help="write the result (samples, rows, verdicts) here")
+    return p
+
+
+def settings_from_args(argv: Sequence[str]) -> DepthBench:
+    args = build_parser().parse_args(list(argv))
+    return DepthBench(device=args.device, depths=tuple(args.depths), models=tuple(args.models), modes=tuple(args.modes),
+                      target_reps=args.target_reps, whole_depth=args.whole_depth, steady=args.steady)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    settings = settings_from_args(argv)
+    args = build_parser().parse_args(argv)
+    result = bench(settings)
+    result["command"] = "python -m tools depth " + " ".join(argv)
+    print(format_summary(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(to_json(result), f, indent=1)
+    failed = [s for s in result["samples"] if "error" in s]
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

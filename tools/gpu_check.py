@@ -238,13 +238,21 @@ def plan(out: Path, *, wheels: Path | None = None, site: Path | None = None) -> 
              expect_s=50, timeout_s=120,
              argv=(*tools, "demo", "--device", "cuda", "--quick", "--no-progress", "--out", str(work / "demo")),
              figures=lambda: _demo_figures(work / "demo" / "results.json")),
-        Step(name="bench", what="transformer-block rows on CUDA (TwoTensor; NF4-LoRA with torchao): eager / compile / "
-             "stock CA / subclass_ca, inductor, and subclass_ca with the CA graph as a CUDA graph (mode='reduce-overhead')", expect_s=100, timeout_s=180,
-             argv=(*tools, "bench", "--device", "cuda", "--models", "block_pair", "block_nf4",
+        Step(name="bench", what="the TwoTensor transformer-block rows on CUDA: eager / compile / stock CA / subclass_ca, "
+             "inductor, and subclass_ca with the CA graph as a CUDA graph (mode='reduce-overhead'); NF4 on CUDA is in "
+             "pytest-cuda", expect_s=60, timeout_s=150,
+             argv=(*tools, "bench", "--device", "cuda", "--models", "block_pair",
                    "--realistic-sizes", "medium", "--backends", "inductor", "--strict-backends", "--realistic-reps", "3",
                    "--realistic-block", "3", "--realistic-cold-reps", "1", "--warmup", "1", "--recaptures", "0",
                    "--soak-steps", "0", "--no-plot", "--no-progress", "--out-dir", str(work / "bench")),
              figures=lambda: _bench_figures(work / "bench" / "results.json")),
+        Step(name="depth", what="the depth sweep's L = 32 row on CUDA (32 TwoTensor-LoRA blocks, each compiled on its own, "
+             "inductor): cold first step and steady step, compile-only vs subclass_ca's regional pieces, gradients vs eager",
+             expect_s=45, timeout_s=150,
+             argv=(*tools, "depth", "--device", "cuda", "--depths", "32", "--models", "two_tensor_lora", "--modes",
+                   "compile", "subclass_ca", "--target-reps", "1", "--whole-depth", "0", "--steady", "5",
+                   "--json", str(work / "depth.json")),
+             figures=lambda: _depth_figures(work / "depth.json")),
         Step(name="fsdp2", what="FSDP2 on one GPU (NCCL, world 1), TwoTensor weights, each mode bitwise vs eager FSDP2",
              expect_s=25, timeout_s=90,
              argv=(*tools, "fsdp2", "--nproc", "1", "--device", "cuda", "--params", "two_tensor",
@@ -306,6 +314,18 @@ def _bench_figures(path: Path) -> dict[str, Any]:
     return {label: " / ".join(f"{mode} {ms:.2f}" for mode, ms in modes.items()) for label, modes in rows.items()}
 
 
+def _depth_figures(path: Path) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    for row in json.loads(path.read_text())["rows"]:
+        if row.get("mode") == "subclass_ca" and row.get("cold_ratio"):
+            cold, steady = row["cold_ratio"][0], row["steady_ratio"][0]
+            figures[f"{row['model']} L={row['depth']}"] = (f"cold {cold:.2f}x, steady {steady:.2f}x compile-only, "
+                                                          f"max abs diff {row['max_abs_diff']:.1e}")
+        elif "error" in row:
+            figures[f"{row.get('model')} L={row.get('depth')}"] = str(row["error"])[:80]
+    return figures
+
+
 def _fsdp2_figures(path: Path) -> dict[str, Any]:
     summary = json.loads(path.read_text())
     figures: dict[str, Any] = {"ok": summary["ok"]}
@@ -343,6 +363,12 @@ def _bench_args(args: list[str]) -> None:
     bench.settings_from_args(args)
 
 
+def _depth_args(args: list[str]) -> None:
+    from . import bench_depth
+
+    bench_depth.settings_from_args(args)
+
+
 def _fsdp2_args(args: list[str]) -> None:
     from . import fsdp2_parity
 
@@ -357,7 +383,7 @@ def _profile_args(args: list[str]) -> None:
 
 
 VALIDATORS: dict[str, Callable[[list[str]], None]] = {
-    "demo": _demo_args, "bench": _bench_args, "fsdp2": _fsdp2_args, "fsdp2-profile": _profile_args,
+    "demo": _demo_args, "bench": _bench_args, "depth": _depth_args, "fsdp2": _fsdp2_args, "fsdp2-profile": _profile_args,
 }
 """Command of ``python -m tools`` -> parses (and validates, without running) its arguments with that command's own parser."""
 

@@ -6,6 +6,8 @@ synthetic samples: ratios paired per repetition, the targets, compiled autograd'
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tools import bench_depth
@@ -62,3 +64,31 @@ def test_bad_settings_are_refused_by_name():
         bench_depth.DepthBench(models=("mlp",))
     with pytest.raises(ValueError, match="DepthBench.depths"):
         bench_depth.DepthBench(depths=(0,))
+    with pytest.raises(ValueError, match="DepthBench.modes must include 'compile'"):
+        bench_depth.DepthBench(modes=("subclass_ca",))
+    with pytest.raises(ValueError, match="DepthBench.device"):
+        bench_depth.DepthBench(device="tpu")
+
+
+def test_the_command_line_gives_the_gpu_checks_row():
+    settings = bench_depth.settings_from_args(["--device", "cuda", "--depths", "32", "--models", "two_tensor_lora",
+                                               "--modes", "compile", "subclass_ca", "--target-reps", "1",
+                                               "--whole-depth", "0", "--steady", "5"])
+    assert settings == bench_depth.DepthBench(device="cuda", depths=(32,), models=("two_tensor_lora",),
+                                              modes=("compile", "subclass_ca"), target_reps=1, whole_depth=0, steady=5)
+    with pytest.raises(SystemExit):
+        bench_depth.settings_from_args(["--models", "mlp"])
+
+
+def test_the_gpu_checks_depth_step_reports_the_ratios(tmp_path):
+    from tools import gpu_check
+
+    (step,) = [s for s in gpu_check.plan(tmp_path) if s.name == "depth"]
+    assert ("--depths", "32") == tuple(step.argv[step.argv.index("--depths"):][:2]) and "cuda" in step.argv
+    work = tmp_path / gpu_check.WORK
+    work.mkdir()
+    rows = bench_depth.summarize([s for s in SAMPLES if s.get("mode", "compile") in ("compile", "subclass_ca")])
+    (work / "depth.json").write_text(json.dumps(bench_depth.to_json({"rows": rows})))
+    figures = step.figures()
+    assert figures["two_tensor_lora L=32"].startswith("cold 1.18x, steady 0.50x compile-only")
+    assert "two_tensor_lora L=8" in figures and figures["nf4_lora L=0"] == "torchao is not installed"

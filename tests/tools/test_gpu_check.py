@@ -209,7 +209,7 @@ def test_a_refused_interpreter_runs_only_env_and_records_every_step(tmp_path: Pa
 
 def test_the_plan_fits_its_budget_and_the_device_file_limit(tmp_path: Path) -> None:
     bare = gpu_check.plan(tmp_path, wheels=tmp_path / "no-wheels")
-    assert [s.name for s in bare] == ["env", "pytest-cuda", "pytest-cuda-inductor", "demo", "bench", "fsdp2", "fsdp2-profile"]
+    assert [s.name for s in bare] == ["env", "pytest-cuda", "pytest-cuda-inductor", "demo", "bench", "depth", "fsdp2", "fsdp2-profile"]
     _wheel(tmp_path / "wheels")
     steps = gpu_check.plan(tmp_path, wheels=tmp_path / "wheels")
     assert [s.name for s in steps] == ["wheels", *(s.name for s in bare)]  # the carried wheels first
