@@ -199,7 +199,14 @@ class CompiledCAGraph:
 
     def _first_call(self, *args: Any, **kwargs: Any) -> Any:
         if self._compiled is None:
-            self._compiled = self._regional()
+            regional = self._compiled = self._regional()
+            if regional is not None:
+                try:
+                    return regional(*args, **kwargs)
+                except Exception as error:
+                    if not regional.ran_nothing:
+                        raise
+                    self._whole_after_regional(error)
         if self._compiled is None:  # compiled whole: its key across processes first (a regional graph needs none)
             self._behaviour = self._behaviour_key(args)
             self._compiled = self._compile(self._lazy_fullgraph)
@@ -215,6 +222,17 @@ class CompiledCAGraph:
             result = self._compiled(*args, **kwargs)
         traced.compiled_once()
         return result
+
+    def _whole_after_regional(self, error: Exception) -> None:
+        """The first regional piece failed before anything ran: the graph is compiled whole (Note [Regional CA graphs])."""
+        self._compiled = None
+        self._report.regional_pieces = self._report.regional_compiles = 0
+        cause = getattr(error, "inner_exception", None) or error  # Dynamo's BackendCompilerFailed wraps the backend's
+        first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        self._report.fallbacks.append(
+            f"regional pieces: the first piece failed to compile ({type(cause).__name__}: {first_line[:200]}); "
+            "the CA graph is compiled whole"
+        )
 
     def _recover(self, error: Exception, args: Any, kwargs: Any) -> Any:
         if not raised_in_rebuild(error):

@@ -45,11 +45,16 @@ regions is cut into pieces and each *distinct* piece is compiled once:
 * **First run.** The whole graph compiled at once fails before any of it runs; pieces compile as
   they are reached, so a piece that fails to compile after others ran cannot be retried whole:
   :class:`RegionalCompileError` says which and that the earlier pieces' gradients were
-  accumulated.  A failure in the first compiled piece (nothing ran) goes the usual way (recovery,
-  or the whole graph without regions).
+  accumulated.  A failure in the first compiled piece (nothing with an effect ran) compiles the
+  graph whole instead, which then fails or recovers as any whole graph does; the capture report
+  says so.  (One case: a wrapper subclass whose views are not views, such as an ``expand`` that
+  materialises one inner tensor, hands the first piece a gradient AOTAutograd cannot trace as an
+  input, since a piece may write into its inputs where the whole graph wrote into an intermediate.)
 * **Warm start.**  Each distinct piece is compiled as FSDP2's split pieces are: its AOTAutogradCache
   key goes through the never-stale key swap (Note [Keys by behaviour]), or the cache is bypassed,
-  so a restart never reuses a stale piece.  A regional graph keeps no Dynamo trace (kept traces are
+  so a restart never reuses a stale piece (tests/warm_start/test_never_stale.py runs a regional
+  program in every form); that a restart is served its pieces from the cache is not yet shown in
+  every form.  A regional graph keeps no Dynamo trace (kept traces are
   per whole graph, and the whole graph's key would describe every block again), so a restart traces
   each distinct piece again: a handful, not one per block.
 """
@@ -244,6 +249,8 @@ class RegionalGraph:
         self._compiled: dict[tuple[Any, Any], Any] = {}
         self._ran = 0
         """Compiled pieces that ran during the current first run (see :meth:`failed`)."""
+        self.ran_nothing = False
+        """Whether the first run failed before anything with an effect ran (its inputs are restored)."""
         self._first = True
         self.pieces = len(self._slots)
 
@@ -283,6 +290,7 @@ class RegionalGraph:
         except Exception:
             if kept is not None and self._ran <= 1:
                 args[0][:] = kept  # nothing ran: the caller may run the whole graph on the same inputs
+                self.ran_nothing = True
             raise
         self._first = False
         return result

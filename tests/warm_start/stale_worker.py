@@ -2,7 +2,8 @@
 
 ``python tests/warm_start/stale_worker.py '<json>'`` with ``package`` (the folder holding ``knobs``),
 ``programs``, each of ("compiled": a compiled forward; "eager": an eager forward; "step": a ``torch.compile``-d
-train step calling ``loss.backward()`` with ``compiled_autograd=True``), ``form`` ("folder": torch's
+train step calling ``loss.backward()`` with ``compiled_autograd=True``; "regional": a stack of identical blocks
+each compiled on its own, whose CA graph is cut into regional pieces, Note [Regional CA graphs]), ``form`` ("folder": torch's
 cache folder alone; "file": ``save_cache(path)`` / ``load_cache(path)``; "traced": ``save_cache()``
 into the folder, kept traces included), as ``save`` (a path, or null for the folder) and ``load`` (a path).  Prints one JSON line:
 per type the gradients under ``subclass_ca.enable(backend="inductor")`` and eager's, computed in
@@ -22,6 +23,24 @@ def _inner(t: torch.Tensor) -> list[float]:
     if hasattr(t, "a"):
         return _inner(t.a) + _inner(t.b)
     return t.detach().double().flatten().tolist()
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + torch.tanh(h @ self.weight)
+
+
+def _blocks(cls: type, w0: torch.Tensor, count: int, *, compiled: bool) -> torch.nn.Sequential:
+    """``count`` identical blocks with ``cls`` weights, each compiled on its own (``compiled``), as regional compilation does."""
+    stack = torch.nn.Sequential(*(_Block(cls(w0.clone(), w0 * 0.5)) for _ in range(count)))
+    if compiled:
+        for block in stack:
+            block.compile(backend="inductor")
+    return stack
 
 
 def main(settings: dict) -> dict:
@@ -60,6 +79,21 @@ def main(settings: dict) -> dict:
         elif program == "eager":
             with subclass_ca.enable(backend="inductor"):
                 loss_of(w, x).backward()
+        elif program == "regional":
+            eager_blocks, blocks = _blocks(cls, w0, depth + 2, compiled=False), _blocks(cls, w0, depth + 2, compiled=True)
+            eager_blocks(x).sum().backward()
+            loss = blocks(x).sum()
+            hits_before = _compat.cache_counters()["aot_hit"]
+            with subclass_ca.enable(backend="inductor"):
+                loss.backward()
+            report = subclass_ca.last_report()
+            hits = _compat.cache_counters()["aot_hit"] - hits_before  # the backward's: its pieces' entries
+            result.setdefault("regional", {})[name] = [report.regional_pieces, report.regional_compiles, hits]
+            result["types"][f"{program} {name}"] = {
+                "grad": [v for block in blocks for v in _inner(block.weight.grad)],
+                "eager": [v for block in eager_blocks for v in _inner(block.weight.grad)],
+            }
+            continue
         else:
             def step(inputs):
                 loss = loss_of(w, inputs)
