@@ -315,12 +315,12 @@ def regional_graph(
 ) -> RegionalGraph | None:
     """``graph_module`` as a :class:`RegionalGraph`, or None where regions would not pay (Note [Regional CA graphs])."""
     graph = graph_module.graph
-    if len(prologues(graph)) < 2:
+    starts = prologues(graph)
+    if len(starts) < 2:
         return None
     hook_calls = _compat.hook_calls()
     if any(node.op == "call_function" and node.target in hook_calls for node in graph.nodes):
         return None
-    starts = prologues(graph)
     sinks = _head_sinks(graph, starts[1])
     if sinks:
         graph_module.recompile()  # the whole graph stays runnable as is (recovery, regional=False) with its sinks moved
