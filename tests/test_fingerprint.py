@@ -50,3 +50,20 @@ def test_a_description_that_raises_keys_by_this_process_instead_of_failing_the_c
 
     key = _cacheable._stable("a failing description", build)
     assert key.startswith("process-local ") and "RecursionError" in _cacheable.uncacheable_reasons()["a failing description"]
+
+
+def _generated_prologue(**module_globals):
+    """A function generated the way AOT generates its backward prologue: exec'd code reading its globals."""
+    namespace = dict(module_globals)
+    exec("def _backward_prologue(grad):\n    return _scale_ * grad, _compile_id_\n", namespace)
+    return namespace["_backward_prologue"]
+
+
+def test_the_compile_id_of_generated_code_is_not_described_and_its_behaviour_is():
+    """AOT's generated prologue names its Dynamo compile id, numbered per process in compile order, for error
+    messages only: two processes that compile the same code in another order must get the same key (a restart whose
+    forward replays a kept trace used to miss every regional piece after it), while what the code computes must not.
+    """
+    first = describe(_generated_prologue(_scale_=2.0, _compile_id_="2/0"))
+    assert describe(_generated_prologue(_scale_=2.0, _compile_id_="1/0")) == first
+    assert describe(_generated_prologue(_scale_=3.0, _compile_id_="2/0")) != first

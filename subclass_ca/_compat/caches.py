@@ -53,6 +53,13 @@ INLINED_CA_OPS: dict[str, tuple[str, ...]] = {"torch._dynamo.external_utils.call
 """CA graph targets that Dynamo inlines into calls of compiled autograd's ops (by op name)."""
 PROLOGUE_MODULE = "torch._dynamo.compiled_autograd"
 PROLOGUE_NAME = "call_aot_bwd_prologue"
+GENERATED_DIAGNOSTIC_GLOBALS: frozenset[str] = frozenset({"_compile_id_"})
+"""Globals of AOT's generated backward prologue (torch 2.13+) that only name its graph in error messages.
+
+The Dynamo compile id is numbered per process in compile order: a key that described it would
+differ between two processes that compile the same code in another order (a restart whose forward
+replays a kept trace compiles nothing before its blocks, say), and every entry after it would miss.
+"""
 
 
 def cache_global_swap(key_of: Callable[[Any], str | None]) -> AttributeSwap:

@@ -20,7 +20,10 @@ so that equal keys in two processes mean equal behaviour.
   code digest (our AccumulateGrad swaps change what it traces to).  Custom C++ functions
   (``CppNode<name><n>``) are numbered per process and stay refused;
 * an AOT backward prologue: the code AOT generated for it and every value that code reads
-  (tangent metadata, subclass unwrap code), described by ``fingerprint.describe``;
+  (tangent metadata, subclass unwrap code), described by ``fingerprint.describe``; except the
+  Dynamo compile id it names in error messages (``_compat.GENERATED_DIAGNOSTIC_GLOBALS``), which
+  is numbered per process in compile order: with it, a restart whose forward replayed a kept
+  trace (so compiled one frame fewer first) missed every entry after it, regional pieces included;
 * one of our ``make_<Subclass>`` callables: the handler (rebuild and metadata-key code and
   their closures), the subclass's flatten protocol code, and *every recipe interned for that
   class so far* (its id -> what it rebuilds), because a node carries only ``recipe=<id>``.

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from .. import _compat
+
 __all__ = ["Unstable", "describe", "digest", "package_digest"]
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
@@ -127,7 +129,10 @@ def describe_function(fn: types.FunctionType, *, depth: int = 0, seen: frozenset
     # a function of torch's or ours reads globals that change only with torch or with our code,
     # both part of every key; generated code (AOT's prologues) and user code are described whole
     ours = module.split(".")[0] in ("torch", "subclass_ca") and fn.__code__.co_filename.endswith(".py")
-    for name in () if ours else sorted(_global_names(fn.__code__)):
+    names = set() if ours else _global_names(fn.__code__)
+    if not fn.__code__.co_filename.endswith(".py"):  # generated code: its diagnostics are not its behaviour
+        names -= _compat.GENERATED_DIAGNOSTIC_GLOBALS
+    for name in sorted(names):
         if name in fn.__globals__:
             parts.append(f"{name}={nested(fn.__globals__[name])}")
     for cell in fn.__closure__ or ():
