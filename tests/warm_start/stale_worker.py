@@ -1,13 +1,16 @@
-"""One process of the never-stale tests: every ``knobs`` type, one program, one warm-start form.
+"""One process of the never-stale tests: ``knobs`` types under some programs, in one warm-start form.
 
 ``python tests/warm_start/stale_worker.py '<json>'`` with ``package`` (the folder holding ``knobs``),
-``programs``, each of ("compiled": a compiled forward; "eager": an eager forward; "step": a ``torch.compile``-d
-train step calling ``loss.backward()`` with ``compiled_autograd=True``; "regional": a stack of identical blocks
-each compiled on its own, whose CA graph is cut into regional pieces, Note [Regional CA graphs]), ``form`` ("folder": torch's
-cache folder alone; "file": ``save_cache(path)`` / ``load_cache(path)``; "traced": ``save_cache()``
-into the folder, kept traces included), as ``save`` (a path, or null for the folder) and ``load`` (a path).  Prints one JSON line:
-per type the gradients under ``subclass_ca.enable(backend="inductor")`` and eager's, computed in
-this process, and the process's cache counters (AOTAutogradCache hits, kept traces replayed).
+``types`` (a type's place in it sets the depth of its model), ``programs`` and ``cases`` (``[program,
+type]`` pairs to run; every program with every type when absent).  The programs: "compiled" (a
+compiled forward), "eager" (an eager forward), "step" (a ``torch.compile``-d train step calling
+``loss.backward()`` with ``compiled_autograd=True``), "regional" (a stack of identical blocks each
+compiled on its own, whose CA graph is cut into regional pieces, Note [Regional CA graphs]).  The
+form is set by ``save`` (a path: ``save_cache(path)``; null: ``save_cache()`` into the folder, kept
+traces included; absent: torch's cache folder alone) and ``load`` (a path: ``load_cache(path)``).
+Prints one JSON line: per case the gradients under ``subclass_ca.enable(backend="inductor")`` and
+eager's, computed in this process, and the process's cache counters (AOTAutogradCache hits, kept
+traces replayed).
 """
 
 from __future__ import annotations
@@ -56,8 +59,9 @@ def main(settings: dict) -> dict:
     torch.set_num_threads(1)
     torch._dynamo.config.recompile_limit = 64  # one code object (loss_of, step) per type: 9 compiles each, by design
     result: dict = {"types": {}}
-    names = list(settings["types"])
-    for program, name in [(p, n) for p in settings["programs"] for n in names]:
+    names = list(settings["types"])  # a type's place in it sets its model's depth, whichever cases run
+    cases = settings.get("cases") or [(p, n) for p in settings["programs"] for n in names]
+    for program, name in cases:
         cls = getattr(knobs.types, name)
         torch.manual_seed(0)
         w0, x = torch.randn(6, 6), torch.randn(3, 6)

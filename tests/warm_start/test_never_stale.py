@@ -1,7 +1,8 @@
 """A restarted process never runs a stale compiled backward, and an unchanged one still replays (issue 44).
 
-Each chain: run 1 compiles every ``knobs`` type with the "bug" (``scale=2.0``) into a cache; runs 2
-and 3 use the "fix" (``scale=1.0``, another installed version) with that cache, in one of three
+Each chain: run 1 compiles every ``knobs`` type under every program with the "bug" (``scale=2.0``)
+into a cache (one run 1, shared); runs 2 and 3 use the "fix" (``scale=1.0``, another installed
+version) with that cache, for about half the (program, type) pairs (``cases``), in one of three
 forms: torch's cache folder alone; ``save_cache(path)``/``load_cache(path)`` into an empty folder;
 ``save_cache()``'s kept traces in the folder.  Run 2's gradients must equal run 2's eager (a
 stale entry would give run 1's), and run 3, unchanged from run 2, must hit the cache (a fix that
@@ -37,7 +38,29 @@ WORKER = Path(__file__).with_name("stale_worker.py")
 FULL = os.environ.get("SUBCLASS_CA_SUITE", "full") == "full"
 PROGRAMS = ("compiled", "eager", "step", "regional") if FULL else ("compiled", "eager")
 CHECKED = ("FuncPair", "ClosurePair", "DispatchPair", "UpgradePair") if FULL else ("FuncPair", "DispatchPair", "UpgradePair")
+FORMS = ("folder", "file", "traced")
 assert set(CHECKED) <= set(TYPES)
+
+
+def cases(form: str) -> list[tuple[str, str]]:
+    """The (program, type) pairs whose runs 2 and 3 one form checks: each program with about half the types.
+
+    Rotated over the forms so that every program meets every type, and every form every program
+    and every type, in some chain; run 1 compiles every pair, so each is stale in every form that
+    checks it.  (Every pair in every form costs twice the processes' time, for no other reach.)
+    """
+    per_program = (len(CHECKED) + 1) // 2
+    stride = len(CHECKED) // per_program
+    shift = FORMS.index(form)
+    return [(program, CHECKED[(p + shift + k * stride) % len(CHECKED)])
+            for p, program in enumerate(PROGRAMS) for k in range(per_program)]
+
+
+def test_the_forms_together_check_every_pair_and_each_form_every_program_and_type():
+    checked = [cases(form) for form in FORMS]
+    assert {pair for form in checked for pair in form} == {(p, t) for p in PROGRAMS for t in CHECKED}
+    for form in checked:
+        assert {p for p, _ in form} == set(PROGRAMS) and {t for _, t in form} == set(CHECKED), form
 
 pytestmark = [
     pytest.mark.inductor,
@@ -46,18 +69,20 @@ pytestmark = [
 ]
 
 
-def _run(cache_dir: Path, package: Path, **settings) -> dict:
+def _run(cache_dir: Path, package: Path, checked: list[tuple[str, str]] | None = None, **settings) -> dict:
+    """One worker process over ``checked`` (every program with every type when None)."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    request = {"package": str(package), "programs": PROGRAMS, "types": CHECKED, "cases": checked, **settings}
     done = subprocess.run(
-        [sys.executable, str(WORKER), json.dumps({"package": str(package), "programs": PROGRAMS, "types": CHECKED, **settings})],
+        [sys.executable, str(WORKER), json.dumps(request)],
         env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2],
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _assert_eager(result: dict, *, run: str) -> None:
-    assert len(result["types"]) == len(CHECKED) * len(PROGRAMS)
+def _assert_eager(result: dict, checked: list[tuple[str, str]], *, run: str) -> None:
+    assert sorted(result["types"]) == sorted(f"{program} {name}" for program, name in checked)
     for case, grads in result["types"].items():
         torch.testing.assert_close(
             torch.tensor(grads["grad"]), torch.tensor(grads["eager"]), rtol=1e-5, atol=1e-5,
@@ -113,26 +138,29 @@ def _folder_for(form: str, first: Path, tmp_path: Path) -> tuple[Path, dict]:
     return cache, {"load": str(first / "bug.bin"), "save": str(tmp_path / "fix.bin")}
 
 
-@pytest.mark.parametrize("form", ["folder", "file", "traced"])
+@pytest.mark.parametrize("form", FORMS)
 def test_a_changed_program_recompiles_and_an_unchanged_one_replays(form, packages, first_run, tmp_path):
     cache, settings = _folder_for(form, first_run, tmp_path)
-    second = _run(cache, packages[1], **settings)
-    _assert_eager(second, run="run 2 (the fix, with run 1's cache)")
+    checked = cases(form)
+    second = _run(cache, packages[1], checked, **settings)
+    _assert_eager(second, checked, run="run 2 (the fix, with run 1's cache)")
     if form == "file":
         shutil.rmtree(cache)  # run 3 starts from run 2's file alone
         settings = {"load": str(tmp_path / "fix.bin")}
-    third = _run(cache, packages[1], **settings)
-    _assert_eager(third, run="run 3 (unchanged)")
-    graphs = len(CHECKED) * 2  # the CA graphs of the compiled and the eager forward (the step's are torch's own)
+    third = _run(cache, packages[1], checked, **settings)
+    _assert_eager(third, checked, run="run 3 (unchanged)")
+    # the CA graphs of the compiled and the eager forward (the step's are torch's own)
+    graphs = sum(program in ("compiled", "eager") for program, _ in checked)
     # a regional graph: the first block (a plain input), the last (the loss's expanded gradient) and the repeated
     # ones between are at most three compiles (Note [Regional CA graphs]); runs 2 and 3 above show none was
-    # stale.  (Whether run 3 takes them from the cache is not asserted: it does not yet, in every form.)
-    for name, (pieces, compiles, _) in third.get("regional", {}).items():
+    # stale, and run 3, unchanged, takes every distinct piece from the cache.
+    for name, (pieces, compiles, hits) in third.get("regional", {}).items():
         if name == "DispatchPair":  # its expand materialises one part: the first piece cannot take that gradient as
             assert pieces == 0  # an input, and the graph is compiled whole (Note [Regional CA graphs], first run)
             continue
         assert pieces == 3 + CHECKED.index(name) and compiles <= 3, (name, pieces, compiles)
-    assert len(third.get("regional", {})) == (len(CHECKED) if "regional" in PROGRAMS else 0)
+        assert hits == compiles, f"run 3 ({form}): {name}'s {compiles} distinct pieces, {hits} cache hits"
+    assert sorted(third.get("regional", {})) == sorted(name for program, name in checked if program == "regional")
     # each CA graph either replays its kept trace (save_cache()) or hits its AOTAutogradCache entry
     assert third["replayed"] + third["aot_hits"] >= graphs, {k: v for k, v in third.items() if k != "types"}
     if form != "folder" and _compat.precompile_supported():
