@@ -35,11 +35,20 @@ regions is cut into pieces and each *distinct* piece is compiled once:
   ``enable(regional=True)``, the default.  Everything else keeps the single graph; a graph split at
   FSDP2's hooks keeps that split (Note [Splitting the CA graph at FSDP2's hooks]).
 * **Fusion** stops at a piece's edge: inductor fuses within a block's backward (where nearly all of
-  it is) but not across two blocks.  Each piece is one entry into a ``torch.compile``-d frame per
-  run (Dynamo's frame and guards, AOT's runtime wrapper): about 50 us a block on this project's CPU,
-  which a whole graph pays once.  Where a block's backward is a few small kernels (the depth sweep's
-  NF4 block, D = 64) that is most of what the whole graph saved over compile-only; on real blocks
-  it is noise.
+  it is) but not across two blocks.  Each piece is one entry into a compiled frame per run (its
+  guards, AOT's runtime wrapper), which a whole graph pays once; see *steady* for what it costs.
+* **Steady.**  ``torch.compile``'s wrapper around a frame costs more than the frame's guards (its
+  Python: stance, flags, dispatch-key guard), about 20 us a piece on this project's CPU, which on
+  the depth sweep's NF4 block (D = 64, a few small kernels) was most of what the whole graph saves
+  over compile-only.  So a run whose pieces are known compiled calls each piece's frame directly in
+  Dynamo's run-only mode (``torch._dynamo.run``'s: a frame's compiled code runs when its guards
+  pass; nothing compiles, and a frame whose guards miss runs its FX code as plain Python, which
+  computes the same).  Known compiled: the last run went through the wrapper at the default
+  stance, which compiles whatever its guards miss, and this run passes equal sizes and scalars and
+  hooks of the same types (``_compat.ca_graph_call_signature``; compiled autograd's cache key is
+  the rest) under the same global state (Dynamo's own global-state guard), still at the default
+  stance.  Anything else (new sizes, another thread count or grad mode, ``set_stance``) runs
+  through the wrapper again; a call that passes packed saved tensors never runs run-only.
 * **Sizes.** Static-first sizes stay so: a size passed into a piece as an int specialises it; a
   size compiled autograd made dynamic arrives as its own (maybe-dynamic) input and stays symbolic.
 * **First run.** The whole graph compiled at once fails before any of it runs; pieces compile as
@@ -52,9 +61,9 @@ regions is cut into pieces and each *distinct* piece is compiled once:
   input, since a piece may write into its inputs where the whole graph wrote into an intermediate.)
 * **Warm start.**  Each distinct piece is compiled as FSDP2's split pieces are: its AOTAutogradCache
   key goes through the never-stale key swap (Note [Keys by behaviour]), or the cache is bypassed,
-  so a restart never reuses a stale piece (tests/warm_start/test_never_stale.py runs a regional
-  program in every form); that a restart is served its pieces from the cache is not yet shown in
-  every form.  A regional graph keeps no Dynamo trace (kept traces are
+  so a restart never reuses a stale piece, and an unchanged restart takes every distinct piece from
+  the cache (tests/warm_start/test_never_stale.py runs a regional program in every form).  A
+  regional graph keeps no Dynamo trace (kept traces are
   per whole graph, and the whole graph's key would describe every block again), so a restart traces
   each distinct piece again: a handful, not one per block.
 """
@@ -62,6 +71,7 @@ regions is cut into pieces and each *distinct* piece is compiled once:
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -213,6 +223,11 @@ def _input_identity(value: Any) -> Any:
     return (type(value), id(value))
 
 
+class _RunMode(threading.local):
+    run_only = False
+    """Whether this thread's run enters the pieces' frames directly (Note [Regional CA graphs], steady)."""
+
+
 class _Slot:
     """One compiled piece of the top level: at its first call it adopts the compiled callable of its identity."""
 
@@ -221,13 +236,17 @@ class _Slot:
         self._module = module
         self._identity = identity
         self._compiled: Any = None
+        self._frame: Any = None
+        """The function whose frame holds the compiled code, called as is in run-only mode (Note [Regional CA graphs], steady)."""
         self.number = number
 
     def __call__(self, *args: Any) -> Any:
         compiled = self._compiled
         if compiled is not None:
+            if self._graph.mode.run_only:
+                return self._frame(*args)
             return compiled(*args)
-        self._compiled = self._graph.compiled_for(self._identity, tuple(_input_identity(a) for a in args), self._module)
+        self._compiled, self._frame = self._graph.compiled_for(self._identity, tuple(_input_identity(a) for a in args), self._module)
         try:
             return self._compiled(*args)
         except Exception as error:
@@ -253,17 +272,21 @@ class RegionalGraph:
         """Whether the first run failed before anything with an effect ran (its inputs are restored)."""
         self._first = True
         self.pieces = len(self._slots)
+        self.mode = _RunMode()
+        self._verified: tuple[Any, Any] | None = None
+        """The call signature and global state the pieces last ran compiled with."""
 
     @property
     def compiles(self) -> int:
         """Distinct compiled pieces so far."""
         return len(self._compiled)
 
-    def compiled_for(self, identity: tuple[Any, ...], inputs: tuple[Any, ...], module: torch.fx.GraphModule) -> Any:
+    def compiled_for(self, identity: tuple[Any, ...], inputs: tuple[Any, ...], module: torch.fx.GraphModule) -> tuple[Any, Any]:
+        """The compiled piece of this identity, and the function whose frame holds its compiled code."""
         key = (identity, inputs)
         found = self._compiled.get(key)
         if found is None:
-            found = self._compiled[key] = self._compile_piece(module.forward, fullgraph=True)
+            found = self._compiled[key] = (self._compile_piece(module.forward, fullgraph=True), module.forward)
             self._report.regional_compiles = len(self._compiled)
         self._ran += 1
         return found
@@ -281,10 +304,22 @@ class RegionalGraph:
         ) from error
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Note [Regional CA graphs], steady: a run through torch.compile's wrapper at its default stance compiles
+        # whatever its guards miss, so its signature and global state are known compiled
+        signature = (_compat.ca_graph_call_signature(args)
+                     if _compat.run_only_supported() and _compat.default_stance() else None)
         if not self._first:
-            return self._forward(*args, **kwargs)
+            verified = self._verified
+            if signature is not None and verified is not None and signature == verified[0] and verified[1].check():
+                return self._run_only(*args, **kwargs)
+            state = _compat.global_state_guard() if signature is not None else None
+            result = self._forward(*args, **kwargs)
+            if signature is not None:
+                self._verified = (signature, state)
+            return result
         kept = list(args[0]) if args and isinstance(args[0], list) else None  # the inputs, for a retry as a whole
         self._ran = 0
+        state = _compat.global_state_guard() if signature is not None else None
         try:
             result = self._forward(*args, **kwargs)
         except Exception:
@@ -293,7 +328,19 @@ class RegionalGraph:
                 self.ran_nothing = True
             raise
         self._first = False
+        if signature is not None:
+            self._verified = (signature, state)
         return result
+
+    def _run_only(self, *args: Any, **kwargs: Any) -> Any:
+        """One run whose pieces enter their compiled frames directly (Note [Regional CA graphs], steady)."""
+        prior = _compat.enter_run_only()
+        self.mode.run_only = True
+        try:
+            return self._forward(*args, **kwargs)
+        finally:
+            self.mode.run_only = False
+            _compat.exit_run_only(prior)
 
 
 def _reads_then_release(forward: Callable[..., Any], inputs_position: int | None) -> Callable[..., Any]:

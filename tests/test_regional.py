@@ -75,6 +75,25 @@ def train(depth: int, mode: str, backend: str = "aot_eager", *, hook: bool = Fal
     return [inner for p in model.parameters() for inner in _inner(p)], subclass_ca.last_report()
 
 
+class CountingBackend:
+    """A backend whose compiled pieces count their runs: Dynamo's graph run as it is, or compiled by ``inner``."""
+
+    def __init__(self, inner: str | None = None) -> None:
+        self.inner = inner
+        self.compiles = 0
+        self.runs = 0
+
+    def __call__(self, graph_module, example_inputs):
+        self.compiles += 1
+        compiled = graph_module if self.inner is None else torch._dynamo.lookup_backend(self.inner)(graph_module, example_inputs)
+
+        def run(*args):
+            self.runs += 1
+            return compiled(*args)
+
+        return run
+
+
 @pytest.fixture(scope="module")
 def deep():
     subclass_ca.reset()
@@ -112,11 +131,17 @@ def test_a_graph_with_hooks_stays_whole_and_matches_eager():
 
 
 @pytest.mark.inductor
-def test_regional_pieces_under_inductor_match_eager():
+def test_regional_pieces_under_inductor_match_eager_and_run_compiled_at_every_step(monkeypatch):
     subclass_ca.reset()
-    got, report = train(4, "ours", backend="inductor", steps=1)
+    backend, run_only_steps = CountingBackend("inductor"), []
+    enter = _compat.enter_run_only
+    monkeypatch.setattr(_compat, "enter_run_only", lambda: run_only_steps.append(1) or enter())
+    got, report = train(4, "ours", backend=backend, steps=3)
     assert report.regional_pieces == 4 and report.regional_compiles == 2, report.summary()
-    for g, e in zip(got, train(4, "eager", steps=1)[0], strict=True):
+    # the blocks' forwards (compiled by the same backend) and inductor's pieces ran compiled at every step, the
+    # last two steps' pieces entered directly (run-only mode)
+    assert (backend.runs, len(run_only_steps)) == (4 * 3 + 4 * 3, 2)
+    for g, e in zip(got, train(4, "eager", steps=3)[0], strict=True):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
 
 
@@ -213,3 +238,71 @@ def test_a_first_piece_failing_accumulates_the_heads_gradients_once(monkeypatch)
 def test_regional_must_be_a_bool():
     with pytest.raises(ValueError, match="Config.regional must be True or False"):
         subclass_ca.enable(regional="yes")
+
+
+def train_steps(batches, backend=None, *, change=None):
+    """Parameters after one SGD step per batch size in ``batches`` (eager when ``backend`` is None); ``change``: a
+    context manager factory entered around the third step's backward."""
+    model = stack(5, "eager" if backend is None else "ours")
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    for step, batch in enumerate(batches):
+        x = torch.randn(batch, 16, generator=torch.Generator().manual_seed(step))
+        loss = model(x).sin().sum()
+        around = change() if change is not None and step == 2 else contextlib.nullcontext()
+        with around, subclass_ca.enable(backend=backend) if backend is not None else contextlib.nullcontext():
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [inner for p in model.parameters() for inner in _inner(p)]
+
+
+@contextlib.contextmanager
+def _other_thread_count():  # part of the global state Dynamo guards
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    "batches, change, runs, entered",
+    [
+        pytest.param((4, 4, 4), None, 15, 2, id="steady"),
+        pytest.param((4, 4, 6, 6), None, 20, 2, id="new-sizes"),
+        pytest.param((4, 4, 4, 4), lambda: torch.compiler.set_stance("force_eager"), 15, 2, id="force-eager-stance"),
+        pytest.param((4, 4, 4, 4), _other_thread_count, 20, 1, id="new-global-state"),
+    ],
+)
+def test_steady_steps_enter_the_compiled_pieces_directly_unless_sizes_state_or_stance_changed(monkeypatch, batches,
+                                                                                              change, runs, entered):
+    """From the second step the pieces' compiled frames are entered in Dynamo's run-only mode, without torch.compile's
+    wrapper (Note [Regional CA graphs], steady); a step with new sizes or global state goes through the wrapper
+    (which compiles what its guards miss), and a step at another stance runs as that stance says.
+
+    ``runs``: the compiled pieces that ran (5 per compiled step: none fell back to plain Python); ``entered``: the
+    steps run in run-only mode.
+    """
+    subclass_ca.reset()
+    backend, run_only_steps = CountingBackend(), []
+    enter = _compat.enter_run_only
+    monkeypatch.setattr(_compat, "enter_run_only", lambda: run_only_steps.append(1) or enter())
+    got = train_steps(batches, backend, change=change)
+    assert subclass_ca.last_report().regional_pieces == 5, subclass_ca.last_report().summary()
+    assert (backend.runs, len(run_only_steps)) == (runs, entered)
+    for g, e in zip(got, train_steps(batches), strict=True):
+        torch.testing.assert_close(g, e)
+
+
+def test_a_torch_without_run_only_frames_enters_every_piece_through_the_wrapper(monkeypatch):
+    """The optional feature missing (``_compat.OPTIONAL_FEATURES``): every step runs its pieces compiled, as before."""
+    subclass_ca.reset()
+    backend, run_only_steps = CountingBackend(), []
+    monkeypatch.setattr(_compat, "run_only_supported", lambda: False)
+    enter = _compat.enter_run_only
+    monkeypatch.setattr(_compat, "enter_run_only", lambda: run_only_steps.append(1) or enter())
+    got = train_steps((4, 4, 4), backend)
+    assert (backend.runs, len(run_only_steps)) == (15, 0)
+    for g, e in zip(got, train_steps((4, 4, 4)), strict=True):
+        torch.testing.assert_close(g, e)

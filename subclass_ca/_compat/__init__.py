@@ -53,6 +53,7 @@ from .caches import (
     aot_key_swap_supported,
     forward_cache_key,
     forward_has_subclass_inputs,
+    GENERATED_DIAGNOSTIC_GLOBALS,
     Uncacheable,
     aot_forward_class,
     ca_op_name,
@@ -118,6 +119,7 @@ from .compiled_autograd import (
     pasted_aot_prefix,
     reset_compiled_autograd,
     static_size_args,
+    ca_graph_call_signature,
     stock_ca_compiler,
     verbose_logger_swap,
 )
@@ -132,6 +134,11 @@ from .dynamo import (
     dynamo_disable,
     fake_mode_of,
     frame_compile_swap,
+    run_only_supported,
+    enter_run_only,
+    exit_run_only,
+    global_state_guard,
+    default_stance,
     FRAME_COMPILER,
     functorch_config_snapshot,
     graph_break_counts,
@@ -317,6 +324,18 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
         "subclass_ca.cache_info() cannot name the cache folder",
     ),
     "inductor config": ("torch._inductor:config", "benchmarks cannot switch off the FX-graph cache when timing compiles"),
+    "Dynamo run-only frames": (
+        dynamo.SET_EVAL_FRAME,
+        "regional pieces are entered through torch.compile's wrapper at every step (Note [Regional CA graphs], steady)",
+    ),
+    "Dynamo global-state guard": (
+        dynamo.GLOBAL_STATE_GUARD,
+        "regional pieces are entered through torch.compile's wrapper at every step (Note [Regional CA graphs], steady)",
+    ),
+    "Dynamo stance": (
+        dynamo.STANCE + ".stance",
+        "regional pieces are entered through torch.compile's wrapper at every step (Note [Regional CA graphs], steady)",
+    ),
     "reference TwoTensor": (
         "torch.testing._internal.two_tensor:TwoTensor",
         "no built-in TwoTensor handler; the probe for a recycled .grad symbolic context finds nothing to fix",

@@ -44,6 +44,7 @@ __all__ = [
     "hook_calls",
     "HOOK_CALLS",
     "static_size_args",
+    "ca_graph_call_signature",
     "pasted_aot_prefix",
     "empty_graph_like",
     "is_op_overload",
@@ -412,6 +413,27 @@ def hook_calls() -> tuple[Callable[..., Any], ...]:
     return tuple(lookup(dotted) for dotted in HOOK_CALLS)
 
 
+def ca_graph_call_signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """What a CA graph's call passes beyond its cache key: its sizes, scalars and hook types, or None when unknown.
+
+    Compiled autograd calls a cached CA graph ``(inputs, sizes, scalars, hooks, packed_data)``; the
+    graph's structure and its inputs' kinds are its cache key, so equal sizes and scalars give
+    its pieces inputs of equal shapes.  The hooks are objects new at every call (an AOT backward's
+    node, say), described by their types.  None (never equal) when the call passes packed saved
+    tensors or a scalar as a tensor, or has another layout.
+    """
+    if len(args) != 5 or not all(isinstance(arg, (list, tuple)) for arg in args) or args[4]:
+        return None
+    if any(isinstance(scalar, torch.Tensor) for scalar in args[2]):
+        return None
+    return tuple(map(_size_value, args[1])), tuple(args[2]), tuple(map(type, args[3]))
+
+
+def _size_value(size: Any) -> Any:
+    """One entry of a CA graph's sizes as an int: since torch 2.13 a dynamic size comes as a ``(0, size)`` tensor."""
+    return size.size(1) if isinstance(size, torch.Tensor) else size
+
+
 def static_size_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """A CA graph's call arguments with every size as a plain int (Note [Static-first CA graphs] in ``_compiler.py``).
 
@@ -422,6 +444,5 @@ def static_size_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """
     if len(args) < 2 or not isinstance(args[1], list):
         return args
-    sizes = [size.size(1) if isinstance(size, torch.Tensor) else size for size in args[1]]
-    return (args[0], sizes, *args[2:])
+    return (args[0], list(map(_size_value, args[1])), *args[2:])
 

@@ -42,6 +42,11 @@ __all__ = [
     "TRACE_WRAPPED_USERS",
     "FRAME_COMPILER",
     "frame_compile_swap",
+    "run_only_supported",
+    "enter_run_only",
+    "exit_run_only",
+    "global_state_guard",
+    "default_stance",
 ]
 
 TRACE_WRAPPED = "torch._dynamo._trace_wrapped_higher_order_op:trace_wrapped"
@@ -54,6 +59,44 @@ TRACE_WRAPPED_USERS = (
     "torch._dynamo._trace_wrapped_higher_order_op",
     "torch._dynamo.variables.distributed",
 )
+
+
+SET_EVAL_FRAME = "torch._C._dynamo.eval_frame:set_eval_frame"
+GLOBAL_STATE_GUARD = "torch._C._dynamo.guards:GlobalStateGuard"
+STANCE = "torch._dynamo.eval_frame:_stance"
+
+
+@functools.cache
+def run_only_supported() -> bool:
+    """Whether this torch has Dynamo's run-only frame mode and its global-state guard (every torch we support)."""
+    try:
+        lookup(SET_EVAL_FRAME), lookup(GLOBAL_STATE_GUARD), lookup(STANCE).stance
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def enter_run_only() -> Any:
+    """Dynamo's run-only mode on this thread (``torch._dynamo.run``'s): a frame with compiled code runs it when
+    its guards pass, any other frame runs as plain Python and nothing compiles.  Returns what
+    :func:`exit_run_only` restores."""
+    return lookup(SET_EVAL_FRAME)(False)
+
+
+def exit_run_only(prior: Any) -> None:
+    lookup(SET_EVAL_FRAME)(prior)
+
+
+def global_state_guard() -> Any:
+    """Dynamo's guard on the global state it compiles under (grad mode, autocast, deterministic algorithms...);
+    ``.check()`` says whether the state is still the one it was made in."""
+    return lookup(GLOBAL_STATE_GUARD)()
+
+
+def default_stance() -> bool:
+    """Whether ``torch.compiler.set_stance`` is at its default (compiled code runs, misses compile)."""
+    stance = lookup(STANCE)
+    return stance.stance == "default" and not stance.skip_guard_eval_unsafe
 
 
 def allow_in_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
