@@ -14,13 +14,26 @@ endif
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.subclass_ca-installed
 PIP    := $(if $(filter 2.13.0,$(TORCH)),,env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null) $(PY) -m pip
+TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: setup demo test test-fast test-lanes bench bench-quick fsdp2 check versions gpu-check gpu-check-dry gpu-wheels clean
+.PHONY: setup torch-setup torch-setups demo test test-fast test-lanes bench bench-quick fsdp2 check versions gpu-check gpu-check-dry gpu-wheels clean
 
-$(STAMP): pyproject.toml
+# the venv and its torch alone: the slow part of a set-up (a ~4 GB CUDA wheel on the public lanes), one core each,
+# and independent of the checkout, so `make -j2 torch-setups` installs every lane's torch two at a time (.ci/run)
+$(TORCH_STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH)
+	touch $(TORCH_STAMP)
+
+torch-setup: $(TORCH_STAMP)
+
+torch-setups: $(addprefix torch-setup-,$(LANES))
+
+torch-setup-%:
+	@$(MAKE) --no-print-directory torch-setup TORCH=$* VENV=$(if $(filter 2.13.0,$*),.venv,.venv-$*)
+
+$(STAMP): pyproject.toml $(TORCH_STAMP)
 	$(PIP) install -q -e '.[test,demo,torchao]'
 	@# installing subclass_ca must never replace the lane's torch (pyproject declares no torch requirement)
 	$(PY) -c "import sys, torch; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '$(TORCH)' else f'installing subclass_ca changed torch $(TORCH) -> {v}')"
