@@ -31,7 +31,7 @@ torch-setup: $(TORCH_STAMP)
 torch-setups: $(addprefix torch-setup-,$(LANES))
 
 torch-setup-%:
-	@$(MAKE) --no-print-directory torch-setup TORCH=$* VENV=$(if $(filter 2.13.0,$*),.venv,.venv-$*)
+	@$(MAKE) --no-print-directory torch-setup TORCH=$*
 
 $(STAMP): pyproject.toml $(TORCH_STAMP)
 	$(PIP) install -q -e '.[test,demo,torchao]'
