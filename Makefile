@@ -33,7 +33,7 @@ torch-setups: $(addprefix torch-setup-,$(LANES))
 torch-setup-%:
 	@$(MAKE) --no-print-directory torch-setup TORCH=$*
 
-$(STAMP): pyproject.toml $(TORCH_STAMP)
+$(STAMP): pyproject.toml subclass_ca/_version.py $(TORCH_STAMP)
 	$(PIP) install -q -e '.[test,demo,torchao]'
 	@# installing subclass_ca must never replace the lane's torch (pyproject declares no torch requirement)
 	$(PY) -c "import sys, torch; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '$(TORCH)' else f'installing subclass_ca changed torch $(TORCH) -> {v}')"
@@ -131,4 +131,4 @@ gpu-wheels:
 	ls -l $(GPU_WHEELS)
 
 clean:
-	rm -rf .venv .venv-* demo-out gpu-check-out .pytest_cache build
+	rm -rf .venv .venv-* demo-out gpu-check-out .pytest_cache .mypy_cache .ruff_cache build

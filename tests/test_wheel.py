@@ -58,3 +58,25 @@ def test_the_wheel_declares_the_pytest_plugin_entry_point(wheel_names: dict[str,
     entry_points.read_string(_dist_info(wheel_names, "entry_points.txt"))
     assert dict(entry_points["pytest11"]) == {"subclass_ca": "subclass_ca.testing.plugin"}
     assert "subclass_ca/testing/plugin.py" in wheel_names
+
+
+def test_the_wheel_ships_the_py_typed_marker(wheel_names: dict[str, bytes]) -> None:
+    """PEP 561: without the marker, users' type checkers ignore the package's annotations."""
+    assert "subclass_ca/py.typed" in wheel_names
+
+
+def test_the_wheel_carries_the_licence_and_its_metadata(wheel_names: dict[str, bytes]) -> None:
+    metadata = _dist_info(wheel_names, "METADATA").splitlines()
+    assert "License-Expression: BSD-3-Clause" in metadata
+    assert "License-File: LICENSE" in metadata
+    assert _dist_info(wheel_names, "licenses/LICENSE") == (ROOT / "LICENSE").read_text()
+    assert "BSD 3-Clause License" in (ROOT / "LICENSE").read_text()
+
+
+def test_the_wheel_version_is_the_package_version(wheel_names: dict[str, bytes]) -> None:
+    """One source: pyproject.toml reads the version from subclass_ca/_version.py, which ``__version__`` exposes."""
+    from subclass_ca._version import __version__
+
+    (version,) = [line.split(":", 1)[1].strip() for line in _dist_info(wheel_names, "METADATA").splitlines()
+                  if line.startswith("Version:")]
+    assert version == __version__
