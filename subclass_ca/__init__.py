@@ -8,11 +8,15 @@ function on N local processes, bounded; tooling, imported only on demand).
 
 from __future__ import annotations
 
-from . import _builtin_handlers  # noqa: F401  (registers the built-in handlers)
-from . import diagnostics
+from . import (
+    _builtin_handlers,  # noqa: F401  (registers the built-in handlers)
+    diagnostics,
+)
 from ._compat import SUPPORTED_TORCH, TESTED_TORCH
-from .api import enable, reset
+from ._handler import MODES, Handler
+from ._version import __version__
 from ._warm_start.files import CacheFile, load_cache, save_cache
+from .api import enable, reset
 from .config import Config
 from .diagnostics import CaptureReport, cache_stats, clear_reports, last_report, reports
 from .errors import (
@@ -30,11 +34,9 @@ from .errors import (
     SubclassCAError,
     UnsupportedSubclassError,
     UnsupportedTorchError,
+    UntrustedCacheWarning,
 )
-from ._handler import MODES, Handler
 from .registry import get_handler, handler, handlers, register_handler, unregister_handler
-
-from ._version import __version__
 
 __all__ = [
     # capture
@@ -75,6 +77,7 @@ __all__ = [
     "RegionalCompileError",
     "CompiledOptimizerStepError",
     "CacheFileError",
+    "UntrustedCacheWarning",
     # versions
     "SUPPORTED_TORCH",
     "TESTED_TORCH",

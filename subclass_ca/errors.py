@@ -18,7 +18,10 @@ __all__ = [
     "HookOnSubclassError",
     "GraphBreakError",
     "BackwardCompileError",
+    "RegionalCompileError",
     "CompiledOptimizerStepError",
+    "CacheFileError",
+    "UntrustedCacheWarning",
 ]
 
 
@@ -75,4 +78,10 @@ class CompiledOptimizerStepError(SubclassCAError):
 
 
 class CacheFileError(SubclassCAError):
-    """A compile-cache file (``save_cache``/``load_cache``) is corrupt, not ours, or from another torch / subclass_ca."""
+    """A compile-cache file (``save_cache``/``load_cache``) is corrupt, not signed by this user's key, not ours,
+    or from another torch / subclass_ca (Note [Trusting a compile cache] in ``_warm_start/trust.py``)."""
+
+
+class UntrustedCacheWarning(RuntimeWarning):
+    """Cached code was not used because this user did not write it: a cache folder another user owns or
+    others may write, or a kept-trace record not signed with this user's key.  The job compiles afresh."""

@@ -6,7 +6,7 @@ gradients as exact float lists, and eager's gradients computed in the same proce
 ``TORCHINDUCTOR_CACHE_DIR`` is set by the caller.  Settings (all optional):
 ``dtype``, ``batch``, ``subclass`` ("pair" | "tagged"), ``tag``, ``handler`` ("default" | "custom"),
 ``activation`` ("tanh" | "relu": relu's backward holds a call without tensor inputs, ``full([], 0.0)``),
-``threads`` (torch's intra-op threads, 1 by default), ``strict``, ``torch_version`` / ``package`` (pretend another torch / subclass_ca build), ``load`` / ``save``
+``threads`` (torch's intra-op threads, 1 by default; ``untrusted_warnings`` lists the UntrustedCacheWarnings of the run), ``strict``, ``torch_version`` / ``package`` (pretend another torch / subclass_ca build), ``load`` / ``save``
 (a subclass_ca cache file read before the step / written after it; ``save: null`` completes the
 cache folder only).
 """
@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 from filelock import FileLock
@@ -45,6 +46,14 @@ def _custom_rebuild(inner, ctx, outer_size, outer_stride):
 
 
 def main(settings: dict) -> dict:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", subclass_ca.UntrustedCacheWarning)
+        result = _step(settings)
+    result["untrusted_warnings"] = [str(w.message) for w in caught if issubclass(w.category, subclass_ca.UntrustedCacheWarning)]
+    return result
+
+
+def _step(settings: dict) -> dict:
     if settings.get("torch_version"):
         torch.__version__ = settings["torch_version"]  # type: ignore[misc]
     if settings.get("package"):
@@ -93,6 +102,7 @@ def main(settings: dict) -> dict:
         "eager": [_inner(p.grad) for p in eager],
         "loaded": loaded is not None,
         "saved_bytes": saved and saved.artifact_bytes,
+        "saved_path": saved and saved.path,
         "forward_entries_written": saved and saved.forward_entries_written,
         "traced_graphs_saved": saved and saved.traced_graphs,
         "traced": dict(traced.stats),
@@ -114,11 +124,14 @@ def assert_matches_eager(result: dict) -> None:
 def shared_cold_run(tmp_path_factory, name: str, **settings) -> tuple[Path, dict]:
     """One cold run per test session, whichever pytest-xdist worker asks first: its cache folder and result.
 
-    Tests copy the folder (:func:`copy_cache`) before writing to it; a cold run is the costly part of a
+    Tests copy the folder (:func:`copy_cache`) before writing to it; ``save``, a file name, saves
+    the cold run's cache file beside that folder (``result["saved_path"]``). A cold run is the costly part of a
     warm-start test (every graph compiles), and several tests start from the same one."""
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "cold-runs" / name
     root.parent.mkdir(parents=True, exist_ok=True)
+    if settings.get("save"):  # a file name: the cold run's file, beside its folder
+        settings = {**settings, "save": str(root / settings["save"])}
     with FileLock(str(root) + ".lock"):
         if not (root / "result.json").exists():
             result = run_step(root / "cache", **settings)

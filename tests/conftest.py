@@ -19,6 +19,20 @@ from pathlib import Path
 # unaffected.  The benchmarks leave it unset: there the probe is part of a real cold start.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
+# Note [The suite's cache signing key]
+# ------------------------------------
+# Cache files and kept traces are signed with this user's key (Note [Trusting a compile cache] in
+# subclass_ca/_warm_start/trust.py), by default a file in the user's config folder that the first
+# use creates.  The suite keeps its own key file out of the home folder, one per user of the
+# machine, shared by every xdist worker and every process a test starts (they inherit the
+# variable), so one worker's cold run is trusted by the others as one user's would be.
+import tempfile  # noqa: E402
+
+os.environ.setdefault(
+    "SUBCLASS_CA_CACHE_KEY_FILE",
+    os.path.join(tempfile.gettempdir(), f"subclass_ca-tests-{getattr(os, 'getuid', lambda: 0)()}", "cache-key"),
+)
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

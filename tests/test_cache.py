@@ -29,17 +29,17 @@ def assert_ca_graph_not_compiled(result: dict) -> None:
 
 @pytest.mark.inductor
 @needs_cache_hooks
-def test_a_saved_cache_warms_a_process_with_an_empty_cache_folder(tmp_path):
+def test_a_saved_cache_warms_a_process_with_an_empty_cache_folder(tmp_path_factory, tmp_path):
     """Each run ships its file to the next machine (an empty cache folder), as a job saving with its checkpoints does.
 
     The first restart takes its forward from the file, and the CA graph captured from that forward
     is the one the cold run compiled and saved (Note [One CA graph for fresh and cached forwards]):
     nothing compiles again, from the first restart on.
     """
-    first = run_step(tmp_path / "job-1", save=str(tmp_path / "after-1.cache"), activation="relu")
+    _, first = shared_cold_run(tmp_path_factory, "pair-relu-file", save="compile.cache", activation="relu")
     assert first["saved_bytes"] > 0 and first["forward_entries_written"] == 1
     assert first["traced_graphs_saved"] == (1 if _compat.precompile_supported() else 0), first
-    second = run_step(tmp_path / "job-2", load=str(tmp_path / "after-1.cache"), save=str(tmp_path / "after-2.cache"), activation="relu")
+    second = run_step(tmp_path / "job-2", load=first["saved_path"], save=str(tmp_path / "after-2.cache"), activation="relu")
     assert second["loaded"] and second["forward"]["aot_hit"] == 1, second["forward"]
     assert_ca_graph_not_compiled(second)
     third = run_step(tmp_path / "job-3", load=str(tmp_path / "after-2.cache"), activation="relu")
@@ -85,12 +85,15 @@ def loaded_into_torch(monkeypatch) -> list[bytes]:
 
 
 def _write(path, header: dict, artifacts: bytes = b"artifacts", records: dict | None = None) -> None:
+    """A file as save_cache writes it (signed with this user's key), with ``header`` and ``records``."""
     import hashlib
     import pickle
 
+    from subclass_ca._warm_start import trust
+
     payload = artifacts + pickle.dumps(records or {})
     header = {"sha256": hashlib.sha256(payload).hexdigest(), "artifact_bytes": len(artifacts), **header}
-    path.write_bytes(cache._MAGIC + json.dumps(header).encode() + b"\n" + payload)
+    path.write_bytes(cache._encode(trust.resolve_key(), header, payload))
 
 
 def test_a_file_of_another_torch_build_is_refused_naming_both_builds(tmp_path):
@@ -115,7 +118,7 @@ def test_a_damaged_file_is_refused_before_anything_is_loaded(tmp_path, loaded_in
     with pytest.raises(subclass_ca.CacheFileError, match="damaged"):
         subclass_ca.load_cache(path)
     path.write_bytes(cache._MAGIC + b"{not json\n" + b"artifacts")
-    with pytest.raises(subclass_ca.CacheFileError, match="damaged"):
+    with pytest.raises(subclass_ca.CacheFileError, match="not signed"):
         subclass_ca.load_cache(path)
     assert loaded == []
 

@@ -6,15 +6,21 @@ in ``cacheable.py``).  On one machine a persistent ``TORCHINDUCTOR_CACHE_DIR`` i
 to move the artifacts with a checkpoint (another machine, a fresh container, every rank of a
 torchrun job) save them after the first steps and load them before the first step of the next
 run.  The file is torch's mega-cache (``torch.compiler.save_cache_artifacts``) behind a header
-naming the torch and subclass_ca builds that wrote it: a file from another build, or a
-damaged one, is refused with :class:`CacheFileError` (or, with ``strict=False``, skipped with
-a warning so the job compiles afresh), never loaded into the caches.
+naming the torch and subclass_ca builds that wrote it, signed with this user's (or this job's)
+key (Note [Trusting a compile cache] in ``trust.py``): a file signed with another key, changed
+after it was written, from another build, or damaged, is refused with :class:`CacheFileError`
+before anything in it is parsed or unpickled (or, with ``strict=False``, skipped with a warning so
+the job compiles afresh), never loaded into the caches.
+
+The layout: the magic line; ``hmac-sha256 <key id> <signature>``; the JSON header; torch's
+artifacts; our pickled records.  The signature covers every byte after its own line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 import os
 import pickle
@@ -25,13 +31,15 @@ import torch
 
 from .. import _compat
 from ..errors import CacheFileError
+from . import traced, trust
 from .fingerprint import package_digest
-from . import traced
 
 __all__ = ["save_cache", "load_cache", "CacheFile"]
 
 _MAGIC = b"subclass_ca compile cache\n"
-_FORMAT = 2
+_FORMAT = 3
+_SIGNATURE = b"hmac-sha256 "
+_PURPOSE = b"subclass_ca cache file"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,7 +75,7 @@ def _warn_if_ca_graphs_are_not_cached() -> None:
         )
 
 
-def save_cache(path: str | os.PathLike[str] | None = None) -> CacheFile:
+def save_cache(path: str | os.PathLike[str] | None = None, *, key: bytes | str | None = None) -> CacheFile:
     """Complete torch's compile caches and write every artifact of this process to ``path``.
 
     Call it after the first training steps (each graph compiled once).  It first writes the cache
@@ -75,8 +83,10 @@ def save_cache(path: str | os.PathLike[str] | None = None) -> CacheFile:
     entry only once it compiles that backward itself, which compiled autograd never asks for:
     this compiles each such backward once).  With no ``path`` that is all: a persistent
     ``TORCHINDUCTOR_CACHE_DIR`` then warms the next run.  With a ``path`` it also writes the file
-    :func:`load_cache` reads; raises :class:`CacheFileError` when nothing was compiled with a
-    cacheable backend (``inductor``).
+    :func:`load_cache` reads, signed with ``key`` (default: ``SUBCLASS_CA_CACHE_KEY``, else this
+    user's key file; Note [Trusting a compile cache] in ``trust.py``); raises :class:`CacheFileError`
+    when nothing was compiled with a cacheable backend (``inductor``).  The records written into
+    the cache folder are signed with the default key, which the folder's reader checks.
     """
     from .cacheable import complete_forward_entries
 
@@ -97,29 +107,55 @@ def save_cache(path: str | os.PathLike[str] | None = None) -> CacheFile:
     header = _header()
     header["artifact_bytes"] = len(artifacts)
     header["sha256"] = hashlib.sha256(payload).hexdigest()
+    encoded = _encode(trust.resolve_key(key), header, payload)
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
-        f.write(_MAGIC + json.dumps(header).encode() + b"\n" + payload)
+        f.write(encoded)
     os.replace(tmp, path)  # a reader never sees half a file
     return CacheFile(path=os.fspath(path), torch_version=str(header["torch"]), subclass_ca=str(header["subclass_ca"]),
                      artifact_bytes=len(artifacts), forward_entries_written=completed, traced_graphs=len(records))
 
 
-def load_cache(path: str | os.PathLike[str], *, strict: bool = True, missing_ok: bool = False) -> CacheFile | None:
+def _encode(signing_key: bytes, header: dict[str, Any], payload: bytes) -> bytes:
+    """The file's bytes: magic, signature line, header, payload (the module's docstring)."""
+    signed = json.dumps(header).encode() + b"\n" + payload
+    return _MAGIC + _signature_line(signing_key, signed) + signed
+
+
+def _signature_line(signing_key: bytes, signed: bytes) -> bytes:
+    signer = trust.key_id(signing_key).encode()
+    return _SIGNATURE + signer + b" " + trust.sign(signing_key, _PURPOSE, signer, signed).hex().encode() + b"\n"
+
+
+def load_cache(
+    path: str | os.PathLike[str],
+    *,
+    key: bytes | str | None = None,
+    strict: bool = True,
+    missing_ok: bool = False,
+    trust_unsigned_code: bool = False,
+) -> CacheFile | None:
     """Load a :func:`save_cache` file into this process's compile caches; call it before the first step.
 
-    ``missing_ok``: a missing file returns None (a job's very first run).  ``strict=False``: a
-    file written by another torch or subclass_ca build, or damaged, is skipped with a warning
-    and None is returned (the job compiles afresh); by default it raises :class:`CacheFileError`.
+    The file must be signed with ``key`` (default: ``SUBCLASS_CA_CACHE_KEY``, else this user's key
+    file): its records are code, checked before anything is unpickled (Note [Trusting a compile
+    cache] in ``trust.py``).  ``missing_ok``: a missing file returns None (a job's very first run).
+    ``strict=False``: a file that is refused (not signed with the key, written by another torch or
+    subclass_ca build, damaged) is skipped with a warning and None is returned (the job compiles
+    afresh); by default it raises :class:`CacheFileError`.  ``trust_unsigned_code=True`` loads a
+    file whose signature is missing or does not match, as ``torch.load(weights_only=False)`` does:
+    only for a file you trust, since loading it runs the code it holds.
     """
     name = os.fspath(path)
+    if key is not None:
+        trust.resolve_key(key)  # a bad key= is the caller's error, raised even with strict=False
     if missing_ok and not os.path.exists(name):
         return None
     try:
         with open(name, "rb") as f:
             data = f.read()
-        header, payload = _parse(name, data)
-        artifacts, records = payload[:header["artifact_bytes"]], pickle.loads(payload[header["artifact_bytes"]:])  # noqa: S301
+        header, payload = _parse(name, data, key, trust_unsigned_code)
+        artifacts, records = payload[:header["artifact_bytes"]], pickle.loads(payload[header["artifact_bytes"]:])  # noqa: S301  -- signed, checked in _parse
         _compat.load_cache_artifacts(artifacts)
         traced.add_records(records)
     except CacheFileError as error:
@@ -131,10 +167,36 @@ def load_cache(path: str | os.PathLike[str], *, strict: bool = True, missing_ok:
                      artifact_bytes=len(artifacts), traced_graphs=len(records))
 
 
-def _parse(name: str, data: bytes) -> tuple[dict[str, Any], bytes]:
+def _check_signature(name: str, data: bytes, key: bytes | str | None, trust_unsigned_code: bool) -> bytes:
+    """What the signature covers, once it is checked (or the check was waived); raises otherwise."""
+    line, sep, signed = data[len(_MAGIC):].partition(b"\n")
+    fields = line[len(_SIGNATURE):].split(b" ") if line.startswith(_SIGNATURE) else []
+    if trust_unsigned_code:
+        return signed if len(fields) == 2 else data[len(_MAGIC):]
+    opt_in = ("Only if you trust whoever wrote it (loading it runs the code it holds): "
+              "load_cache(..., trust_unsigned_code=True).")
+    if len(fields) != 2 or not sep:
+        raise CacheFileError(
+            f"load_cache({name!r}): the file is not signed (written by an older subclass_ca, or crafted). Its records "
+            f"are code and this user did not write it: refused before anything in it was read. {opt_in}"
+        )
+    signing_key = trust.resolve_key(key)
+    if hmac.compare_digest(line + b"\n", _signature_line(signing_key, signed)):
+        return signed
+    signer, mine = fields[0].decode("ascii", "replace"), trust.key_id(signing_key)
+    if signer != mine:
+        why = (f"it was signed with another key (key id {signer}; yours is {mine}): another user's, or a job's key "
+               f"this process was not given. Pass the job's key (load_cache(..., key=...) or {trust.KEY_ENV}).")
+    else:
+        why = "it was changed after it was written (damaged or tampered with); delete it."
+    raise CacheFileError(f"load_cache({name!r}): the signature does not match, refused before anything in it was read: {why} {opt_in}")
+
+
+def _parse(name: str, data: bytes, key: bytes | str | None, trust_unsigned_code: bool) -> tuple[dict[str, Any], bytes]:
     if not data.startswith(_MAGIC):
         raise CacheFileError(f"load_cache({name!r}): not a subclass_ca cache file (written by subclass_ca.save_cache).")
-    line, sep, artifacts = data[len(_MAGIC):].partition(b"\n")
+    signed = _check_signature(name, data, key, trust_unsigned_code)
+    line, sep, artifacts = signed.partition(b"\n")
     try:
         header = json.loads(line) if sep else None
     except ValueError:
@@ -148,4 +210,6 @@ def _parse(name: str, data: bytes) -> tuple[dict[str, Any], bytes]:
             f"load_cache({name!r}): written by another build: {'; '.join(foreign)}. Its artifacts cannot be reused; "
             "delete the file or pass strict=False to compile afresh."
         )
+    if not isinstance(header.get("artifact_bytes"), int):
+        raise CacheFileError(f"load_cache({name!r}): the file is damaged (its header has no artifact size); delete it.")
     return header, artifacts

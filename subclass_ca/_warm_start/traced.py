@@ -28,6 +28,9 @@ is the same in every process when the CA graph is: so we keep it, keyed as we ke
   ``self`` (a class made per graph module; the record sits on that module's own code).
   ``requires_grad`` of subclass inputs needs a fix in torch's guard pickler
   (``_compat.guard_requires_grad_swap``).
+* **Only this user's records.** A record is read from the cache folder only when the folder is
+  this user's alone and the record carries this user's signature (Note [Trusting a compile
+  cache] in ``trust.py``); records from a cache file were checked by ``load_cache``.
 * **Refusals.** A frame whose guards cannot be serialized (on torch 2.13 a hook closing over a
   local tensor; an object known by identity) makes torch give up the recording and fail the
   compile; that graph is compiled again without one (once, in the run that records) and is
@@ -37,6 +40,7 @@ is the same in every process when the CA graph is: so we keep it, keyed as we ke
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import threading
 import types
@@ -46,6 +50,8 @@ import torch
 
 from .. import _compat
 from ..config import Config, cache_key
+from ..errors import CacheFileError
+from . import trust
 from .cacheable import key_of
 from .fingerprint import Unstable, describe, digest, package_digest
 
@@ -55,6 +61,8 @@ stats = {"recorded": 0, "replayed": 0, "refused": 0}
 """This process: graphs compiled with a recording, graphs whose record was installed, recordings torch gave up."""
 
 _SUBDIR = "subclass_ca_traced"
+_RECORD_MAGIC = b"subclass_ca kept trace 1\n"
+_PURPOSE = b"subclass_ca kept trace"
 _records: dict[str, bytes] = {}
 _pending: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -122,16 +130,73 @@ def graph_key(graph_module: torch.fx.GraphModule, config: Config, behaviour: str
     return digest(*lines)
 
 
+def _folders() -> tuple[str, str]:
+    cache = _compat.cache_dir()
+    return cache, os.path.join(cache, _SUBDIR)
+
+
+def _signing_key(folder: str) -> bytes | None:
+    try:
+        return trust.resolve_key()
+    except trust.KeyUnavailable as error:
+        trust.warn_once("key", folder, f"subclass_ca: kept traces in {folder} are neither read nor written: {error}")
+        return None
+
+
+def _unsafe_folder(cache: str, folder: str) -> bool:
+    problem = trust.folder_problem(cache, folder)
+    if problem is not None:
+        trust.warn_once(
+            "folder", folder,
+            f"subclass_ca: not reading or writing kept traces in {folder}: {problem}, so someone else could put code "
+            "there that this job would run. This run traces its CA graphs afresh, as stock compiled autograd does. "
+            f"Fix: make the folders yours alone (chown, then chmod go-w {cache} {folder}) or set "
+            "TORCHINDUCTOR_CACHE_DIR to a folder of your own. (torch's own cache entries there are torch's to read.)",
+        )
+        return True
+    return False
+
+
 def _find(key: str) -> bytes | None:
+    """The record of ``key``: from a loaded cache file, else from the cache folder if this user wrote it there."""
     found = _records.get(key)
     if found is not None:
         return found
-    path = os.path.join(_compat.cache_dir(), _SUBDIR, key)
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
+    cache, folder = _folders()
+    path = os.path.join(folder, key)
+    if not os.path.lexists(path) or _unsafe_folder(cache, folder):
         return None
+    signing_key = _signing_key(folder)
+    if signing_key is None:
+        return None
+    try:
+        data = trust.read_private_file(path, what="the kept-trace record")
+    except CacheFileError as error:
+        trust.warn_once("record", folder, f"subclass_ca: a kept trace in {folder} was ignored: {error}")
+        return None
+    if data is None:
+        return None
+    record = _unsealed(signing_key, key, data)
+    if record is None:
+        trust.warn_once(
+            "record", folder,
+            f"subclass_ca: ignored the kept trace {path}: it is not signed with your key (key id "
+            f"{trust.key_id(signing_key)}), so someone else, or a job under another {trust.KEY_ENV}, wrote it. "
+            "This CA graph is traced afresh. Delete the file if you did not expect it.",
+        )
+    return record
+
+
+def _sealed(signing_key: bytes, key: str, record: bytes) -> bytes:
+    return _RECORD_MAGIC + trust.sign(signing_key, _PURPOSE, key.encode(), record) + record
+
+
+def _unsealed(signing_key: bytes, key: str, data: bytes) -> bytes | None:
+    """The record in ``data`` if it is signed with ``signing_key`` under its name ``key``; None otherwise."""
+    if not data.startswith(_RECORD_MAGIC):
+        return None
+    signature, record = data[len(_RECORD_MAGIC):len(_RECORD_MAGIC) + 32], data[len(_RECORD_MAGIC) + 32:]
+    return record if trust.verify(signing_key, signature, _PURPOSE, key.encode(), record) else None
 
 
 class TracedGraph:
@@ -238,17 +303,30 @@ def add_records(records: dict[str, bytes]) -> None:
 
 
 def write_records(records: dict[str, bytes]) -> int:
-    """Write records into the cache folder (one file per key, atomically); returns how many are new."""
-    folder = os.path.join(_compat.cache_dir(), _SUBDIR)
-    os.makedirs(folder, exist_ok=True)
+    """Sign and write records into the cache folder (one file per key, atomically, owner-only); returns how many are new.
+
+    Nothing is written into a folder that is not this user's alone (it would never be read).
+    """
+    cache, folder = _folders()
+    if not records:
+        return 0
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    if _unsafe_folder(cache, folder):
+        return 0
+    signing_key = _signing_key(folder)
+    if signing_key is None:
+        return 0
     written = 0
     for key, data in records.items():
         path = os.path.join(folder, key)
-        if os.path.exists(path):
-            continue
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
+        sealed = _sealed(signing_key, key, data)
+        try:
+            if trust.read_private_file(path, what="the kept-trace record") == sealed:
+                continue
+        except CacheFileError:
+            pass  # not ours alone: replaced below
+        tmp = f"{path}.tmp{os.getpid()}.{secrets.token_hex(4)}"
+        trust.write_private_file(tmp, sealed)
         os.replace(tmp, path)
         written += 1
     return written
