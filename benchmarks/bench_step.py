@@ -1,6 +1,6 @@
 """Benchmark one training step: eager / torch.compile / stock compiled autograd / subclass_ca.
 
-Thin entry point; the engine is ``tools/bench.py`` (same as ``python -m tools bench`` and
+Thin entry point; the engine is ``tools/bench/main.py`` (same as ``python -m tools bench`` and
 ``make bench``), imported from this checkout.  Examples::
 
     python benchmarks/bench_step.py --quick --out-dir /tmp/bench
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: `tools` is not installed
 
-from tools.bench import main  # noqa: E402
+from tools.bench.main import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

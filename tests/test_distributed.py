@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tools import demo as _demo
 from subclass_ca.distributed import LaunchConfig, WorkerError, WorkerTimeoutError, free_port, run_workers
+from tools.demo import main as _demo
 
 # --- worker functions (module level: the spawned workers import them by name) ---------
 

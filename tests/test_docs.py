@@ -272,7 +272,7 @@ def test_the_flag_check_catches_a_flag_the_entry_point_lacks():
     prefix, args = _entry_point(shlex.split("python -m tools fsdp2 --nproc 2 --modes eager --fsdp2-steps 2"))
     assert prefix[-2:] == ["tools", "fsdp2"]
     assert _unknown_flags(prefix, args) == ["--modes"]
-    prefix, args = _entry_point(shlex.split("bash tools/device_gpu_check.sh --dry-run --bogus"))
+    prefix, args = _entry_point(shlex.split("bash tools/gpu/device_check.sh --dry-run --bogus"))
     assert prefix[-2:] == ["tools", "gpu-check"]
     assert _unknown_flags(prefix, args) == ["--bogus"]
 

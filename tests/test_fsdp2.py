@@ -15,9 +15,9 @@ import torch
 
 import subclass_ca
 from subclass_ca import _compat, _fsdp2
-from tools import fsdp2_parity as fsdp2
-from tools.fsdp2_parity import BlockShape, FSDP2Run
 from subclass_ca.distributed import WorkerError
+from tools.fsdp2 import parity as fsdp2
+from tools.fsdp2.parity import BlockShape, FSDP2Run
 
 # --- worker functions (module level: spawned workers import them by name) --------------
 
@@ -245,7 +245,7 @@ SPLIT_CASES = {
 
 
 def _nf4_unavailable() -> str | None:
-    from tools.bench_models import unavailable
+    from tools.bench.models import unavailable
 
     return unavailable("block_nf4")
 

@@ -93,8 +93,9 @@ def test_the_rules_really_see_imports():
     assert "subclass_ca._compat" in _imported(PACKAGE / "_runtime.py")
     assert "subclass_ca._runtime" in _imported(PACKAGE / "api.py")
     assert any("torch._C" in use for use in _private_torch_uses(PACKAGE / "_compat" / "__init__.py"))
-    assert "subclass_ca.api" in _imported(TOOLS / "bench.py")
-    assert "tools.bench_models" in _imported(TOOLS / "bench.py")  # a tool's relative imports resolve to `tools`
+    assert "subclass_ca.api" in _imported(TOOLS / "bench" / "main.py")
+    assert "tools.bench.models" in _imported(TOOLS / "bench" / "main.py")  # a tool's relative imports resolve to `tools`
+    assert "tools.common.report" in _imported(TOOLS / "fsdp2" / "parity.py")
 
 
 @pytest.mark.parametrize("path", ALL_MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -106,7 +107,7 @@ def test_the_package_never_imports_the_repository_tools(path: Path):
 
 def test_the_tools_live_in_the_repository_not_in_the_package():
     assert not (PACKAGE / "_tools").exists() and not list(PACKAGE.rglob("_tools"))
-    assert (TOOLS / "bench.py").is_file() and (TOOLS / "__main__.py").is_file()
+    assert (TOOLS / "bench" / "main.py").is_file() and (TOOLS / "__main__.py").is_file()
     assert not (TOOLS.parent / "subclass_ca" / "tools").exists()
 
 

@@ -1,7 +1,7 @@
 """Backward memory: our make_subclass nodes keep fewer gradients alive than stock ones.
 
 Structural property of the captured CA graph (see Note [Why the epilogue holds memory] in
-``tools/bench_memory.py``): stock feeds every flat backward output to every
+``tools/bench/memory.py``): stock feeds every flat backward output to every
 ``make_subclass`` node; ours passes each node only its own inner tensors.
 """
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from subclass_ca import _compat, _runtime
-from tools import bench_memory as _bench_memory
 from subclass_ca.testing.subclasses import PairTensor, make_pair
+from tools.bench import memory as _bench_memory
 
 N_SUBCLASS_PARAMS = 4
 ENTERS = {"stock": _compat.enable_compiled_autograd, "ours": _runtime.capture_with}
@@ -72,7 +72,7 @@ def measured() -> dict[str, tuple[_bench_memory.Liveness, list[torch.Tensor]]]:
 
 def test_liveness_run_computes_the_same_gradients_as_eager(measured):
     expected = _eager_grads()
-    for kind, (_, grads) in measured.items():
+    for _, grads in measured.values():
         _assert_same_grads(grads, expected)
 
 

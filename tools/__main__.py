@@ -6,15 +6,15 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("tools.demo", "train a small subclass model in four modes side by side"),
-    "bench": ("tools.bench", "benchmark eager / compile / stock CA / subclass_ca"),
-    "depth": ("tools.bench_depth", "cold start against depth (regional compiled autograd): compile-only vs stock CA vs subclass_ca"),
-    "fsdp2": ("tools.fsdp2_parity", "FSDP2 (fully_shard) on N processes: each mode vs eager FSDP2 and a dense run"),
-    "fsdp2-profile": ("tools.fsdp2_profile", "FSDP2 backward under torch.profiler: where the reduce-scatters run, eager vs subclass_ca"),
-    "fsdp2-cost": ("tools.fsdp2_cost", "FSDP2 backward time: compiled autograd itself vs compiling its pieces, against eager FSDP2"),
-    "key-cost": ("tools.key_cost", "what a behaviour key (Note [Keys by behaviour]) costs per CA graph and per forward"),
-    "versions": ("tools.support_table", "support table: run one torch lane (run) or merge lanes (render)"),
-    "gpu-check": ("tools.gpu_check", "verify the library on one CUDA GPU (tests, demo, bench, FSDP2); --dry-run without one"),
+    "demo": ("tools.demo.main", "train a small subclass model in four modes side by side"),
+    "bench": ("tools.bench.main", "benchmark eager / compile / stock CA / subclass_ca"),
+    "depth": ("tools.bench.depth", "cold start against depth (regional compiled autograd): compile-only vs stock CA vs subclass_ca"),
+    "fsdp2": ("tools.fsdp2.parity", "FSDP2 (fully_shard) on N processes: each mode vs eager FSDP2 and a dense run"),
+    "fsdp2-profile": ("tools.fsdp2.profiling", "FSDP2 backward under torch.profiler: where the reduce-scatters run, eager vs subclass_ca"),
+    "fsdp2-cost": ("tools.fsdp2.cost", "FSDP2 backward time: compiled autograd itself vs compiling its pieces, against eager FSDP2"),
+    "key-cost": ("tools.bench.key_cost", "what a behaviour key (Note [Keys by behaviour]) costs per CA graph and per forward"),
+    "versions": ("tools.support.table", "support table: run one torch lane (run) or merge lanes (render)"),
+    "gpu-check": ("tools.gpu.check", "verify the library on one CUDA GPU (tests, demo, bench, FSDP2); --dry-run without one"),
 }
 """Command -> (module with ``main(argv)`` and ``build_parser()``, one line of help)."""
 

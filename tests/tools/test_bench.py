@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import bench as _bench
-from tools import bench_stats, report
-from tools import bench_models as _bench_models
+from tools.bench import main as _bench
+from tools.bench import models as _bench_models
+from tools.bench import stats as bench_stats
+from tools.common import report
 
 REPO = Path(__file__).resolve().parents[2]
 _MICRO = [m for m in _bench_models.MODELS if m not in _bench_models.REALISTIC]

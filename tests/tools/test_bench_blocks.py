@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import subclass_ca
-from tools import bench as _bench
-from tools import bench_models as _bench_models
+from tools.bench import main as _bench
+from tools.bench import models as _bench_models
 
 BLOCKS = [
     pytest.param(m, id=m, marks=[pytest.mark.skipif(bool(_bench_models.unavailable(m)), reason=_bench_models.unavailable(m) or "")])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from subclass_ca._graph import CompiledCAGraph
-from tools import bench_breakdown
+from tools.bench import breakdown as bench_breakdown
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools import bench_ddp
+from tools.bench import ddp as bench_ddp
 
 TINY = bench_ddp.DDPBench(models=("two_tensor_mlp",), backends=("aot_eager",), warmup=0, reps=2, block=1)
 

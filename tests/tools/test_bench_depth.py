@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tools import bench_depth
+from tools.bench import depth as bench_depth
 
 
 def _sample(model, depth, mode, rep, cold, steady, capture=None):
@@ -81,7 +81,7 @@ def test_the_command_line_gives_the_gpu_checks_row():
 
 
 def test_the_gpu_checks_depth_step_reports_the_ratios(tmp_path):
-    from tools import gpu_check
+    from tools.gpu import check as gpu_check
 
     (step,) = [s for s in gpu_check.plan(tmp_path) if s.name == "depth"]
     assert ("--depths", "32") == tuple(step.argv[step.argv.index("--depths"):][:2]) and "cuda" in step.argv

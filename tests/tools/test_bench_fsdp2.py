@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tools import bench as _bench
-from tools import bench_fsdp2
+from tools.bench import fsdp2 as bench_fsdp2
+from tools.bench import main as _bench
 
 TINY = bench_fsdp2.FSDP2Bench(models=("micro", "block_two_tensor"), backends=("aot_eager",), micro_runs=1,
                               warmup=0, reps=2, block=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools import bench_runtime
+from tools.bench import runtime as bench_runtime
 
 
 def _stats(median: float) -> dict[str, float]:

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from tools import bench as _bench
-from tools import bench_tp
+from tools.bench import main as _bench
+from tools.bench import tp as bench_tp
 
 TINY = bench_tp.TPBench(batch=1, seq=8, dim=16, heads=2, hidden=16, warmup=0, reps=2, block=1)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools import bench_warm_start as ws
+from tools.bench import warm_start as ws
 
 
 def _sample(first: float, *, digest: str = "d", hit: int = 1, mode: str = "subclass_ca") -> dict:

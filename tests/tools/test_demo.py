@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tools import checkout_env
-from tools import demo as _demo
-from tools.demo import MODES, DemoConfig, format_table, run_demo
+from tools.demo import main as _demo
+from tools.demo.main import MODES, DemoConfig, format_table, run_demo
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -14,7 +14,7 @@ import statistics
 import pytest
 
 from tools.__main__ import usage as _usage
-from tools import fsdp2_cost as cost
+from tools.fsdp2 import cost
 
 SETTINGS = cost.FSDP2Cost(models=("micro", "block_nf4_lora"), backends=("aot_eager",), reps=3, block=1, warmup=0)
 

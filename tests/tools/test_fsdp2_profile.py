@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from tools.__main__ import usage as _usage
-from tools import fsdp2_profile as fp
-from tools.fsdp2_parity import FSDP2Run
+from tools.fsdp2 import profiling as fp
+from tools.fsdp2.parity import FSDP2Run
 
 RUN = FSDP2Run(steps=3)
 GROUPS = ["4", "2", "0"]

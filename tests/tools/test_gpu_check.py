@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools import checkout_env, gpu_check
-from tools.gpu_check import Outcome, Refused, Step
+from tools import checkout_env
+from tools.gpu import check as gpu_check
+from tools.gpu.check import Outcome, Refused, Step
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,12 +46,12 @@ def _wheel(folder: Path, name: str = "fake_extra", version: str = "0.1") -> Path
 
 
 def test_dry_run_of_the_device_invocation(tmp_path: Path) -> None:
-    """tools/device_gpu_check.sh --dry-run: the device's one command, checked on this interpreter without CUDA.
+    """tools/gpu/device_check.sh --dry-run: the device's one command, checked on this interpreter without CUDA.
 
     Kept in the lane suite (tests/conftest.py LANE_KEPT): on the 2.11 lane it is the device's torch release.
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GPU_PYTHON": sys.executable, "OUT": str(tmp_path / "out")}
-    done = subprocess.run(["bash", str(ROOT / "tools" / "device_gpu_check.sh"), "--dry-run"], cwd=tmp_path,
+    done = subprocess.run(["bash", str(ROOT / "tools" / "gpu" / "device_check.sh"), "--dry-run"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     for step in gpu_check.plan(ROOT / gpu_check.DEFAULT_OUT, wheels=ROOT / gpu_check.DEFAULT_WHEELS):
@@ -84,7 +85,7 @@ def test_make_gpu_check_dry_runs_the_device_invocation_with_the_same_arguments()
     assert real[:4] == ["python3", "-m", "tools", "gpu-check"] and "--started-at" in real
     assert "--dry-run" in dry and _check_arguments(real) == _check_arguments(dry)
     assert _check_arguments(real) == ["--out", "/tmp/device-out", "--budget-s", "360", "--wheels", "wheels"]
-    script = (ROOT / "tools" / "device_gpu_check.sh").read_text()
+    script = (ROOT / "tools" / "gpu" / "device_check.sh").read_text()
     assert re.search(r'-m tools gpu-check --out "\$\{OUT:-gpu-check-out\}" --budget-s "\$\{GPU_BUDGET:-360\}"', script)
     assert '--wheels "${GPU_WHEELS:-wheels}"' in script
 

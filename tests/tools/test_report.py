@@ -1,4 +1,4 @@
-"""What the tools share: one result shape (tools/report.py), one progress display (tools/progress.py), public parsers."""
+"""What the tools share: one result shape (tools/common/report.py), one progress display (tools/common/progress.py), public parsers."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tools import report
 from tools.__main__ import COMMANDS, main, usage
-from tools.progress import Progress
+from tools.common import report
+from tools.common.progress import Progress
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
-SECTIONS = ("bench_runtime", "bench_breakdown", "bench_fsdp2", "bench_tp", "bench_warm_start", "fsdp2_parity", "fsdp2_profile", "fsdp2_cost")
+SECTIONS = ("bench.runtime", "bench.breakdown", "bench.fsdp2", "bench.tp", "bench.warm_start", "fsdp2.parity", "fsdp2.profiling", "fsdp2.cost")
 """Every tool whose results go into a report (Note [One shape for the tools' results])."""
 
 
@@ -33,7 +33,7 @@ def test_every_reporting_tool_has_the_one_section_shape(name: str) -> None:
 
 
 def test_the_bench_renders_its_optional_sections_through_that_shape() -> None:
-    from tools import bench
+    from tools.bench import main as bench
 
     assert all(isinstance(bench.section(key), report.Section) for key in bench.SECTIONS)
 
@@ -48,7 +48,7 @@ def test_targets_table_and_verdict_lines_mark_met_missed_and_unmeasured() -> Non
 
 
 def test_write_puts_the_json_and_the_markdown_section_where_asked(tmp_path: Path) -> None:
-    from tools import fsdp2_cost
+    from tools.fsdp2 import cost as fsdp2_cost
 
     result = {"command": "python -m tools fsdp2-cost", "value": 1}
     calls = []
@@ -75,18 +75,36 @@ def test_write_puts_the_json_and_the_markdown_section_where_asked(tmp_path: Path
     assert calls == [None]
 
 
-def _private_uses_of_other_tools(path: Path) -> list[str]:
-    """``from .x import _y`` / ``x._y`` where ``x`` is another tool module: a tool reaching into another's privates."""
+def _tool_module(path: Path) -> str:
+    """``tools/bench/main.py`` -> ``bench.main``: a tool module's name inside ``tools``."""
+    return ".".join(path.relative_to(TOOLS).with_suffix("").parts)
+
+
+TOOL_MODULES = sorted(p for p in TOOLS.rglob("*.py") if p.name != "__init__.py" and "__pycache__" not in p.parts)
+
+
+def _private_uses_of_other_tools(path: Path, package: str | None = None) -> list[str]:
+    """``from .x import _y`` / ``x._y`` where ``x`` is another tool module: a tool reaching into another's privates.
+
+    ``package`` is the file's package inside ``tools`` (``bench`` for ``tools/bench/main.py``; computed from
+    ``path`` when it lies under ``tools/``), which relative imports resolve against.
+    """
     tree = ast.parse(path.read_text())
-    modules = {p.stem for p in TOOLS.glob("*.py")}
+    package = _tool_module(path.parent) if package is None and path.parent != TOOLS else (package or "")
+    modules = {_tool_module(p) for p in TOOL_MODULES}
     aliases: dict[str, str] = {}
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("tools")):
-            source = (node.module or "").removeprefix("tools").lstrip(".")
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "tools"):
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1] if package else []
+                source = ".".join(filter(None, [*anchor, node.module or ""]))
+            else:
+                source = (node.module or "").removeprefix("tools").lstrip(".")
             for alias in node.names:
-                if not source and alias.name in modules:
-                    aliases[alias.asname or alias.name] = alias.name
+                full = f"{source}.{alias.name}" if source else alias.name
+                if full in modules:
+                    aliases[alias.asname or alias.name] = full
                 elif source in modules and alias.name.startswith("_") and not alias.name.startswith("__"):
                     found.append(f"from {source} import {alias.name}")
     for node in ast.walk(tree):
@@ -96,19 +114,22 @@ def _private_uses_of_other_tools(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", sorted(TOOLS.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", TOOL_MODULES, ids=lambda p: str(p.relative_to(TOOLS)))
 def test_no_tool_reaches_into_another_tools_private_names(path: Path) -> None:
     assert _private_uses_of_other_tools(path) == []
 
 
 def test_the_private_use_check_sees_one(tmp_path: Path) -> None:
     """Guard against a vacuous pass: gpu_check calling demo's parser the old, private way."""
-    text = (TOOLS / "gpu_check.py").read_text().replace("demo.build_parser()", "demo._parser()")
+    text = (TOOLS / "gpu" / "check.py").read_text().replace("demo.build_parser()", "demo._parser()")
     line = next(i for i, text_line in enumerate(text.splitlines(), 1) if "demo._parser()" in text_line)
-    (tmp_path / "gpu_check.py").write_text(text)
-    assert _private_uses_of_other_tools(tmp_path / "gpu_check.py") == [f"demo._parser (line {line})"]
-    (tmp_path / "other.py").write_text("from .fsdp2_parity import _setup_words\n")
-    assert _private_uses_of_other_tools(tmp_path / "other.py") == ["from fsdp2_parity import _setup_words"]
+    (tmp_path / "check.py").write_text(text)
+    assert _private_uses_of_other_tools(tmp_path / "check.py", "gpu") == [f"demo.main._parser (line {line})"]
+    (tmp_path / "other.py").write_text("from ..fsdp2.parity import _setup_words\nfrom tools.bench.stats import _private\n")
+    assert _private_uses_of_other_tools(tmp_path / "other.py", "bench") == [
+        "from fsdp2.parity import _setup_words", "from bench.stats import _private"]
+    (tmp_path / "sibling.py").write_text("from . import models\nmodels._cache\n")
+    assert _private_uses_of_other_tools(tmp_path / "sibling.py", "bench") == ["bench.models._cache (line 2)"]
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

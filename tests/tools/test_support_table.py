@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import support_table
+from tools.support import table as support_table
 
 
 def _rows(stream: io.StringIO, seen: list[str]) -> dict:

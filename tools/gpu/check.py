@@ -1,6 +1,6 @@
 """``python -m tools gpu-check``: verify the library on one CUDA GPU with one prepared command.
 
-``make gpu-check`` runs it, and on the lent GPU device ``tools/device_gpu_check.sh`` (docs/gpu.md).
+``make gpu-check`` runs it, and on the lent GPU device ``tools/gpu/device_check.sh`` (docs/gpu.md).
 Every step is a subprocess of this interpreter, run from the checkout with the checkout first on
 ``PYTHONPATH``: subclass_ca is imported from here and need not be installed (on the device it must
 not be: building it needs setuptools from the network).  Each step has its own timeout, all share
@@ -64,8 +64,7 @@ from typing import Any
 
 from subclass_ca._compat import version as torch_version
 from subclass_ca.errors import UnsupportedTorchError
-
-from . import ROOT, checkout_env
+from tools import ROOT, checkout_env
 
 __all__ = [
     "STATUSES", "Refused", "Step", "Outcome", "check_torch", "preflight", "wheel_files", "plan", "check_step",
@@ -219,7 +218,7 @@ def plan(out: Path, *, wheels: Path | None = None, site: Path | None = None) -> 
     steps += [
         Step(name="env", what="torch, CUDA, device, capability, memory, nvidia-smi, subclass_ca, torchao -> env.json",
              expect_s=10, timeout_s=40,
-             argv=("-c", f"from tools.gpu_check import write_environment; write_environment({json.dumps(str(out / 'env.json'))})"),
+             argv=("-c", f"from tools.gpu.check import write_environment; write_environment({json.dumps(str(out / 'env.json'))})"),
              figures=lambda: _env_figures(out / "env.json")),
         Step(name="pytest-cuda", what="the CUDA tests without inductor (capture, accumulation, hooks, train step, "
              "registry, NF4, DTensor world 1, memory, demo)", expect_s=50, timeout_s=120,
@@ -352,32 +351,32 @@ def _profile_figures(path: Path) -> dict[str, Any]:
 
 
 def _demo_args(args: list[str]) -> None:
-    from . import demo
+    from tools.demo import main as demo
 
     demo.build_parser().parse_args(args)
 
 
 def _bench_args(args: list[str]) -> None:
-    from . import bench
+    from tools.bench import main as bench
 
     bench.settings_from_args(args)
 
 
 def _depth_args(args: list[str]) -> None:
-    from . import bench_depth
+    from tools.bench import depth as bench_depth
 
     bench_depth.settings_from_args(args)
 
 
 def _fsdp2_args(args: list[str]) -> None:
-    from . import fsdp2_parity
+    from tools.fsdp2 import parity as fsdp2_parity
 
     namespace = fsdp2_parity.build_parser().parse_args(args)
     fsdp2_parity.run_config(namespace, backend=namespace.backend)
 
 
 def _profile_args(args: list[str]) -> None:
-    from . import fsdp2_profile
+    from tools.fsdp2 import profiling as fsdp2_profile
 
     fsdp2_profile.run_config(fsdp2_profile.build_parser().parse_args(args))
 
@@ -749,7 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                         help=f"seconds for the whole check, steps and reports (default {DEFAULT_BUDGET_S:.0f})")
     parser.add_argument("--started-at", type=float, metavar="UNIX_TIME",
-                        help="count the budget from this time (make gpu-check and tools/device_gpu_check.sh pass their start)")
+                        help="count the budget from this time (make gpu-check and tools/gpu/device_check.sh pass their start)")
     parser.add_argument("--steps", help="comma-separated subset of the steps, in plan order (default: all)")
     parser.add_argument("--wheels", default=DEFAULT_WHEELS, metavar="DIR",
                         help=f"install the *.whl here offline before the steps (default {DEFAULT_WHEELS}/, from make gpu-wheels; "

@@ -39,8 +39,9 @@ from typing import Any
 
 import torch
 
-from . import report
-from .fsdp2_parity import FSDP2Run, backward_context, build_model, rank_batch, shard
+from tools.common import report
+
+from .parity import FSDP2Run, backward_context, build_model, rank_batch, shard
 
 __all__ = [
     "MODES",
@@ -512,7 +513,7 @@ def markdown_section(summary: dict[str, Any], *, command: str | None = None) -> 
 
 def run_config(args: argparse.Namespace) -> FSDP2Run:
     """The run ``args`` name (``model``, ``steps`` or ``fsdp2_steps``, ``backend``, ``device``), validated, nothing launched."""
-    from .bench_fsdp2 import MODELS
+    from tools.bench.fsdp2 import MODELS
 
     model = getattr(args, "model", None) or "micro"
     if model not in MODELS:

@@ -31,8 +31,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .report import as_json as to_json
-from .report import command_of, targets_table, verdict_lines
+from tools import ROOT
+from tools.common.report import as_json as to_json
+from tools.common.report import command_of, targets_table, verdict_lines
 
 __all__ = ["DepthBench", "MODES", "MODELS", "TARGETS", "bench", "build_parser", "format_summary", "main", "markdown_section",
            "plot", "settings_from_args", "to_json"]
@@ -195,9 +196,9 @@ def sample(settings: dict[str, Any]) -> dict[str, Any]:
 def _run_sample(settings: dict[str, Any], timeout_s: float = 900.0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="subclass_ca_depth_") as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-        done = subprocess.run([sys.executable, "-m", "tools.bench_depth", json.dumps(settings)], env=env,
+        done = subprocess.run([sys.executable, "-m", "tools.bench.depth", json.dumps(settings)], env=env,
                               capture_output=True, text=True, timeout=timeout_s,
-                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                              cwd=ROOT)
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         return {"error": lines[-1][:300] if lines else f"exit {done.returncode}"}
@@ -206,7 +207,7 @@ def _run_sample(settings: dict[str, Any], timeout_s: float = 900.0) -> dict[str,
 
 def unavailable(model: str) -> str | None:
     if model == "nf4_lora":
-        from .bench_models import unavailable as model_unavailable
+        from .models import unavailable as model_unavailable
 
         return model_unavailable("block_nf4")
     return None
@@ -305,19 +306,20 @@ def _table(result: dict[str, Any]) -> list[str]:
     lines = ["| model | L | mode | cold first step s (range) | x compile-only cold (min-max) | CA capture s | steady ms | "
              "x compile-only steady (min-max) | regional pieces / compiles | max abs diff vs eager |",
              "|---|---:|---|---:|---:|---:|---:|---:|---|---:|"]
+
+    def ratio(mode: str, value: Any) -> str:
+        return "1.00" if mode == "compile" else (f"{value[0]:.2f} ({value[1]:.2f}-{value[2]:.2f})" if value else "-")
+
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['depth']} | {r['mode']} | - | - | - | - | - | - | {r['error']} |")
             continue
 
-        def ratio(value: Any) -> str:
-            return "1.00" if r["mode"] == "compile" else (f"{value[0]:.2f} ({value[1]:.2f}-{value[2]:.2f})" if value else "-")
-
         regional = f"{r['regional']['pieces']} / {r['regional']['compiles']}" if r.get("regional") else "-"
         capture = f"{r['capture_s']:.2f}" if r.get("capture_s") is not None else "-"
         lines.append(f"| {r['model']} | {r['depth']} | {r['mode']} | {r['cold_s']:.1f} ({r['cold_range_s'][0]:.1f}-"
-                     f"{r['cold_range_s'][1]:.1f}) | {ratio(r['cold_ratio'])} | {capture} | {r['steady_ms']:.2f} | "
-                     f"{ratio(r['steady_ratio'])} | {regional} | {r['max_abs_diff']:.1e} |")
+                     f"{r['cold_range_s'][1]:.1f}) | {ratio(r['mode'], r['cold_ratio'])} | {capture} | {r['steady_ms']:.2f} | "
+                     f"{ratio(r['mode'], r['steady_ratio'])} | {regional} | {r['max_abs_diff']:.1e} |")
     return lines
 
 

@@ -40,11 +40,9 @@ from typing import Any
 import torch
 
 import subclass_ca
-
 from subclass_ca import _compat, diagnostics
 from subclass_ca.testing.subclasses import Int8RowwiseTensor, PairTensor
-
-from .progress import Progress
+from tools.common.progress import Progress
 
 __all__ = ["main", "build_parser", "DemoConfig", "run_demo", "run_dtensor_demo", "MODES", "MODELS"]
 
@@ -684,8 +682,8 @@ def _main_dtensor(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.fsdp2:  # tools/fsdp2_parity.py; docs/distributed.md
-        from . import fsdp2_parity as fsdp2
+    if args.fsdp2:  # tools/fsdp2/parity.py; docs/distributed.md
+        from tools.fsdp2 import parity as fsdp2
 
         return fsdp2.demo_main(args)
     if args.dtensor:

@@ -23,15 +23,13 @@ from typing import Any
 import torch
 
 import subclass_ca
-
 from subclass_ca import _compat
 from subclass_ca._compat.version import parse_torch_version
 from subclass_ca.testing.scenarios import scenario_names
 from subclass_ca.testing.specs import ZOO_SPECS, builtin_specs
 from subclass_ca.testing.suite import run_scenario
-
-from . import ROOT, checkout_env
-from .progress import Progress
+from tools import ROOT, checkout_env
+from tools.common.progress import Progress
 
 MODES = ("stock", "subclass_ca")
 KIT_SUBCLASSES = ("two_tensor", "int8", "nested_pair", "tagged")
@@ -243,7 +241,7 @@ def _kit_rows() -> dict[str, Callable[[str], dict[str, str]]]:
 
 def _torchao_status() -> str:
     try:
-        import torchao  # noqa: PLC0415
+        import torchao
     except Exception as error:  # noqa: BLE001
         return f"not importable ({type(error).__name__})"
     return str(getattr(torchao, "__version__", "?"))
@@ -392,7 +390,7 @@ def render(lanes: Sequence[dict[str, Any]]) -> str:
                     text += f" [{len(notes)}]"
                 cells.append(text)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "torchao per lane: " + "; ".join(f"torch {_release_of(l)}: {l['torchao']}" for l in lanes), ""]
+    lines += ["", "torchao per lane: " + "; ".join(f"torch {_release_of(lane)}: {lane['torchao']}" for lane in lanes), ""]
     if notes:
         lines += ["## Notes", "", *notes, ""]
     return "\n".join(lines)

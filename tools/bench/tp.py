@@ -46,10 +46,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from subclass_ca import _compat
+from tools.common.report import as_json as to_json
+from tools.common.report import command_of
 
-from .bench_models import private_copy
-from .report import as_json as to_json
-from .report import command_of
+from .models import private_copy
 
 __all__ = ["TPBench", "MODES", "TOLERANCE", "TARGETS", "Block", "build_block", "parallelize", "bench", "markdown_section",
            "format_summary", "to_json"]

@@ -1,4 +1,4 @@
-"""Pieces every bench section shares: sample statistics and process RSS (reports: :mod:`tools.report`)."""
+"""Pieces every bench section shares: sample statistics and process RSS (reports: :mod:`tools.common.report`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .report import WITHIN_NOISE
+from tools.common.report import WITHIN_NOISE
 
 __all__ = ["stats", "quartiles", "rss_bytes", "paired_ratio", "judge"]
 

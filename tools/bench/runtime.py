@@ -30,11 +30,11 @@ import torch
 from subclass_ca import _compat
 from subclass_ca import api as _api
 from subclass_ca.diagnostics import named_callables
+from tools.common.report import as_json as to_json
+from tools.common.report import targets_table, verdict_lines
 
-from . import bench_models as _bench_models
-from .bench_stats import rss_bytes, stats
-from .report import as_json as to_json
-from .report import targets_table, verdict_lines
+from . import models as _bench_models
+from .stats import rss_bytes, stats
 
 __all__ = ["RuntimeBench", "run", "verdicts", "markdown_section", "format_summary", "to_json", "TARGETS"]
 

@@ -35,10 +35,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .bench_fsdp2 import timed_steps
-from .bench_stats import quartiles
-from .report import as_json as to_json
-from .report import command_of, targets_table, verdict_lines
+from tools.common.report import as_json as to_json
+from tools.common.report import command_of, targets_table, verdict_lines
+
+from .fsdp2 import timed_steps
+from .stats import quartiles
 
 __all__ = ["DDPBench", "MODES", "MODELS", "TARGETS", "bench", "markdown_section", "format_summary", "to_json"]
 
@@ -120,7 +121,7 @@ def _model(name: str, device: str) -> tuple[nn.Module, int, int]:
 
 def unavailable(name: str) -> str | None:
     if name == "nf4_lora":
-        from .bench_models import unavailable as model_unavailable
+        from .models import unavailable as model_unavailable
 
         return model_unavailable("block_nf4")
     from subclass_ca import _compat

@@ -14,7 +14,7 @@ One process measures every (model, size, mode, backend) configuration:
   CA captures + Dynamo graph compiles after warm-up (recompiles; target 0);
 * **growth per forced recapture** (CA cache cleared before each of ``recaptures`` steps):
   ``subclass_ca.named_callables()``, Dynamo's allow_in_graph id set and process RSS;
-* **backward memory**: the CA-graph liveness proxy of :mod:`tools.bench_memory`
+* **backward memory**: the CA-graph liveness proxy of :mod:`tools.bench.memory`
   (CPU), ``torch.cuda.max_memory_allocated`` around the backward (CUDA);
 * **peak memory of one step** per configuration, after the timed steps: on CUDA
   ``torch.cuda.max_memory_allocated`` minus the bytes allocated before the step; on CPU the
@@ -52,15 +52,15 @@ import torch
 from subclass_ca import _compat, _runtime
 from subclass_ca import api as _api
 from subclass_ca.diagnostics import named_callables
+from tools.common import report
+from tools.common.progress import Progress
+from tools.common.report import combine, targets_table
 
-from . import bench_memory as _bench_memory
-from . import bench_models as _bench_models
-from . import bench_runtime as _bench_runtime
-from . import report
-from .bench_stats import judge, paired_ratio, rss_bytes
-from .bench_stats import stats as _stats
-from .progress import Progress
-from .report import combine, targets_table
+from . import memory as _bench_memory
+from . import models as _bench_models
+from . import runtime as _bench_runtime
+from .stats import judge, paired_ratio, rss_bytes
+from .stats import stats as _stats
 
 __all__ = ["main", "build_parser", "settings_from_args", "BenchSettings", "MODES", "TARGETS", "SECTIONS"]
 
@@ -432,7 +432,7 @@ def cpu_step_peak_bytes(step: Callable[[], None]) -> int | None:
             live += event.nbytes()
             peak = max(peak, live)
         return peak
-    except Exception as e:  # a torch without these profiler internals: say so, measure nothing
+    except Exception as e:  # noqa: BLE001 - a torch without these profiler internals: say so, measure nothing
         print(f"bench: CPU peak memory unmeasured ({type(e).__name__}: {e})", file=sys.stderr)
         return None
 
@@ -745,7 +745,7 @@ def render_markdown(results: dict[str, Any]) -> str:
             "*once*: the same compiled workloads, the context entered once around each timed block of steps (timed "
             "in the same rounds). Each cell is the median of the per-round ratios with its 95 % bootstrap interval; "
             "a target is missed only when the whole interval is beyond it, *within noise* when the interval "
-            "straddles it (Note [Verdicts on a shared machine] in `tools/bench_stats.py`). The ratio of the minima "
+            "straddles it (Note [Verdicts on a shared machine] in `tools/bench/stats.py`). The ratio of the minima "
             "(least disturbed samples) is shown beside them.", "",
             "| model | size | backend | per step | per step (min) | once | cold |", "|---|---|---|---:|---:|---:|---:|"]
     out += [f"| {r['model']} | {r['size']} | {r['backend']} | {_interval(r.get('steady_interval'))} | {_fmt(r.get('steady_min'), '.3f')} | "
@@ -768,7 +768,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     out += ["", "## Backward memory (CA-graph liveness proxy, aot_eager)", "",
             "Live bytes of tensors produced inside the CA graph (graph inputs excluded), from one eager node-by-node run",
             "of the captured graph accumulating into existing `.grad`s (see Note [Why the epilogue holds memory] in",
-            "`tools/bench_memory.py`). Stock feeds every flat backward output to every `make_subclass` node.", "",
+            "`tools/bench/memory.py`). Stock feeds every flat backward output to every `make_subclass` node.", "",
             "| model | size | make_subclass nodes | args (stock / ours) | peak KiB (stock / ours) | epilogue mean KiB (stock / ours) |",
             "|---|---|---:|---:|---:|---:|"]
     for r in results["memory"]:
@@ -980,14 +980,14 @@ def settings_from_args(argv: Sequence[str]) -> BenchSettings:
 
 
 SECTIONS: dict[str, str] = {
-    "breakdown": "tools.bench_breakdown",
-    "fsdp2": "tools.bench_fsdp2",
-    "ddp": "tools.bench_ddp",
-    "depth": "tools.bench_depth",
-    "tp": "tools.bench_tp",
-    "warm_start": "tools.bench_warm_start",
+    "breakdown": "tools.bench.breakdown",
+    "fsdp2": "tools.bench.fsdp2",
+    "ddp": "tools.bench.ddp",
+    "depth": "tools.bench.depth",
+    "tp": "tools.bench.tp",
+    "warm_start": "tools.bench.warm_start",
 }
-"""results.json key -> the tool module (a :class:`tools.report.Section`) that measured and renders it, in report order."""
+"""results.json key -> the tool module (a :class:`tools.common.report.Section`) that measured and renders it, in report order."""
 
 
 def section(key: str) -> report.Section:
@@ -1009,7 +1009,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = json.load(f)
     else:
         results = run(settings)
-    if args.breakdown:  # tools/bench_breakdown.py: where a step's time goes, compile-only vs CA
+    if args.breakdown:  # tools/bench/breakdown.py: where a step's time goes, compile-only vs CA
         results["breakdown"] = section("breakdown").bench(size=settings.realistic_sizes[0] if settings.realistic_sizes else "medium",
                                                           device=settings.device)
         results["breakdown"]["command"] = settings.command
@@ -1017,18 +1017,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_fsdp2 = section("fsdp2")
         fsdp2_settings = bench_fsdp2.FSDP2Bench(backends=settings.backends, device=settings.device)
         results["fsdp2"] = bench_fsdp2.bench(world_size=args.nproc, settings=fsdp2_settings)
-    if args.depth:  # tools/bench_depth.py: cold start against depth, regional compiled autograd (fresh processes)
+    if args.depth:  # tools/bench/depth.py: cold start against depth, regional compiled autograd (fresh processes)
         bench_depth = section("depth")
         results["depth"] = bench_depth.bench(bench_depth.DepthBench())
         if settings.plot and bench_depth.plot(results["depth"], os.path.join(settings.out_dir, "depth.png")):
             results["depth"]["chart"] = "depth.png"
-    if args.ddp:  # tools/bench_ddp.py: DDP, eager vs compile-only vs subclass_ca, and the Python reducer's cost
+    if args.ddp:  # tools/bench/ddp.py: DDP, eager vs compile-only vs subclass_ca, and the Python reducer's cost
         bench_ddp = section("ddp")
         results["ddp"] = bench_ddp.bench(world_size=args.nproc, settings=bench_ddp.DDPBench(backends=settings.backends,
                                                                                             device=settings.device))
-    if args.tp:  # tools/bench_tp.py: TP transformer block, every mode's gradients vs eager
+    if args.tp:  # tools/bench/tp.py: TP transformer block, every mode's gradients vs eager
         results["tp"] = section("tp").bench(world_size=args.nproc, backends=settings.backends)
-    if args.warm_start:  # tools/bench_warm_start.py: fresh processes, cold and warm caches
+    if args.warm_start:  # tools/bench/warm_start.py: fresh processes, cold and warm caches
         warm_start = section("warm_start")
         results["warm_start"] = warm_start.bench(warm_start.WarmStartBench(warm_reps=args.warm_reps))
         results["warm_start"]["command"] = settings.command

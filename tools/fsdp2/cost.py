@@ -41,11 +41,12 @@ from typing import Any
 import torch
 
 from subclass_ca import _compat, _split
+from tools.bench import fsdp2 as bench_fsdp2
+from tools.bench.stats import quartiles
+from tools.common import report
+from tools.common.report import as_json as to_json
 
-from . import bench_fsdp2, report
-from . import fsdp2_parity as parity
-from .bench_stats import quartiles
-from .report import as_json as to_json
+from . import parity
 
 __all__ = ["MODES", "TARGETS", "FSDP2Cost", "measure", "format_summary", "markdown_section", "to_json", "build_parser", "main"]
 
@@ -294,7 +295,7 @@ def markdown_section(result: dict[str, Any], *, command: str | None = None) -> s
         f"{s['block']} backwards per mode after {s['warmup']} warm-up rounds, rank 0's clock; ratios within each round; "
         f"device {s['device']}. "
         "`ca_uncompiled` = the subclass_ca model and CA graph with every split piece run as its FX graph, uncompiled "
-        f"(Note [The cost of a split FSDP2 backward] in `tools/fsdp2_cost.py`). torch {result['torch']}.",
+        f"(Note [The cost of a split FSDP2 backward] in `tools/fsdp2/cost.py`). torch {result['torch']}.",
         "", *_table(result), "", *[f"* {line}" for line in _derived(result)], "",
         f"Command: `{report.command_of(result, command, COMMAND)}` ({result['wall_s']:.0f} s).", ""])
 

@@ -192,7 +192,7 @@ def unavailable(model: str) -> str | None:
     if model == "block_nf4":
         try:
             import_nf4()
-        except Exception as e:  # torchao missing, or failing to import against this torch
+        except Exception as e:  # noqa: BLE001 - torchao missing, or failing to import against this torch
             return f"torchao NF4 is not importable ({type(e).__name__}: {e})"
     return None
 

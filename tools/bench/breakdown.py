@@ -29,12 +29,12 @@ from typing import Any
 import torch
 
 from subclass_ca._graph import CompiledCAGraph
+from tools.common.report import as_json as to_json
+from tools.common.report import command_of
 
-from . import bench_models as _bench_models
-from .bench import mode_context
-from .bench_stats import paired_ratio, quartiles
-from .report import as_json as to_json
-from .report import command_of
+from . import models as _bench_models
+from .main import mode_context
+from .stats import paired_ratio, quartiles
 
 __all__ = ["bench", "markdown_section", "format_summary", "to_json", "TARGETS", "MODES", "PARTS"]
 
@@ -163,7 +163,7 @@ def markdown_section(result: dict[str, Any], *, command: str | None = None) -> s
     lines = ["", "## Where a step's time goes (realistic blocks)", "",
              f"- command: `{command_of(result, command, 'python -m tools bench --breakdown')}`",
              f"- {s['backend']}, size {s['size']}, {s['rounds']} rounds x {s['block']} steps after {s['warmup']} warm-up "
-             "rounds, modes interleaved; ms per step, median (IQR). Parts: see `tools/bench_breakdown.py`.", "",
+             "rounds, modes interleaved; ms per step, median (IQR). Parts: see `tools/bench/breakdown.py`.", "",
              "*engine* is torch's own floor (autograd's walk, compiled autograd's cache lookup and runtime wrapper; "
              "for compile-only, the whole eager backward); *our wrapper* and *enter+exit* are what subclass_ca adds "
              "around it; *CA graph* is the compiled backward itself.", "",

@@ -49,40 +49,43 @@ def _mlp(depth: int) -> tuple[Any, Any]:
     return loss, torch.randn(8, 64)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _measure(depth: int, repeats: int) -> tuple[str, int, list[float], list[float], float]:
+    """(graph, CA graph nodes, CA graph key µs, forward key µs, first backward µs) for a ``depth``-layer MLP."""
     from subclass_ca._runtime import capture_with
     from subclass_ca._warm_start.behaviour import behaviour_key
 
+    loss, x = _mlp(depth)
+    graphs: list[Any] = []
+
+    def keep(gm: Any) -> Any:
+        def run(*call_args: Any) -> Any:
+            graphs.append((gm, [list(a) if isinstance(a, list) else a for a in call_args]))
+            return gm(*call_args)
+        return run
+
+    forwards: list[Any] = []
+
+    def forward_backend(gm: Any, example_inputs: Any) -> Any:
+        forwards.append((gm, list(example_inputs)))
+        from torch._dynamo.backends.common import aot_autograd
+        return aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
+
+    step = torch.compile(loss, backend=forward_backend)
+    with capture_with(keep):
+        start = time.perf_counter()
+        step(x).backward()
+        first = (time.perf_counter() - start) * 1e6
+    gm, call_args = graphs[0]
+    ca = _timed(lambda: behaviour_key(gm, call_args), repeats)
+    fw_gm, fw_inputs = forwards[0]
+    fw = _timed(lambda: behaviour_key(fw_gm, fw_inputs), repeats)
+    return f"TwoTensor MLP, {depth} layers", len(gm.graph.nodes), ca, fw, first
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(1)
-    rows = []
-    for depth in (2, 8):
-        loss, x = _mlp(depth)
-        graphs: list[Any] = []
-
-        def keep(gm: Any) -> Any:
-            def run(*call_args: Any) -> Any:
-                graphs.append((gm, [list(a) if isinstance(a, list) else a for a in call_args]))
-                return gm(*call_args)
-            return run
-
-        forwards: list[Any] = []
-
-        def forward_backend(gm: Any, example_inputs: Any) -> Any:
-            forwards.append((gm, list(example_inputs)))
-            from torch._dynamo.backends.common import aot_autograd
-            return aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
-
-        step = torch.compile(loss, backend=forward_backend)
-        with capture_with(keep):
-            start = time.perf_counter()
-            step(x).backward()
-            first = (time.perf_counter() - start) * 1e6
-        gm, call_args = graphs[0]
-        ca = _timed(lambda: behaviour_key(gm, call_args), args.repeats)
-        fw_gm, fw_inputs = forwards[0]
-        fw = _timed(lambda: behaviour_key(fw_gm, fw_inputs), args.repeats)
-        rows.append((f"TwoTensor MLP, {depth} layers", len(gm.graph.nodes), ca, fw, first))
+    rows = [_measure(depth, args.repeats) for depth in (2, 8)]
     lines = [
         "| graph | CA graph nodes | CA graph key, µs median [min, max] | forward key, µs median [min, max] | first backward (aot_eager, cold), µs |",
         "|---|---:|---:|---:|---:|",

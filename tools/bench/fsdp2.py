@@ -40,11 +40,11 @@ import torch
 from torch import nn
 
 from subclass_ca import _compat
+from tools.common.report import as_json as to_json
+from tools.common.report import command_of, targets_table, verdict_lines
+from tools.fsdp2 import parity
 
-from . import fsdp2_parity as parity
-from .bench_stats import quartiles
-from .report import as_json as to_json
-from .report import command_of, targets_table, verdict_lines
+from .stats import quartiles
 
 __all__ = ["FSDP2Bench", "MODES", "MODELS", "TARGETS", "TOLERANCE", "bench", "markdown_section", "format_summary",
            "to_json", "local_shards", "compare_shards", "unavailable"]
@@ -245,7 +245,7 @@ def _rank_main(rank: int, world_size: int, settings: FSDP2Bench) -> dict[str, An
 
 def unavailable(model_name: str) -> str | None:
     if MODELS[model_name].params == "nf4_lora":
-        from .bench_models import unavailable
+        from .models import unavailable
 
         return unavailable("block_nf4")
     return None

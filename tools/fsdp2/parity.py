@@ -33,9 +33,8 @@ import torch
 from torch import nn
 
 from subclass_ca import _compat
-
-from . import report
-from .report import as_json as to_json
+from tools.common import report
+from tools.common.report import as_json as to_json
 
 __all__ = [
     "MODES",
@@ -162,7 +161,7 @@ class _NF4LoRALinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, rank: int = 4) -> None:
         super().__init__()
-        from .bench_models import import_nf4
+        from tools.bench.models import import_nf4
 
         to_nf4 = import_nf4()
         self.weight = nn.Parameter(to_nf4(linear.weight.detach().clone(), 8, 8), requires_grad=False)
@@ -175,7 +174,7 @@ class _NF4LoRALinear(nn.Module):
 
 
 def _block_model(run: FSDP2Run) -> nn.Sequential:
-    from .bench_tp import Block
+    from tools.bench.tp import Block
 
     shape = run.block
     assert shape is not None
@@ -252,7 +251,7 @@ def shard(model: nn.Sequential, run: FSDP2Run) -> None:
     policy = {}
     if run.param_dtype is not None:
         policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, run.param_dtype), reduce_dtype=torch.float32)
-    from .bench_tp import Block
+    from tools.bench.tp import Block
 
     for layer in model:
         if isinstance(layer, (nn.Linear, _NF4LoRALinear, Block)):
@@ -533,7 +532,6 @@ def summarize(by_mode: dict[str, list[dict[str, Any]]], run: FSDP2Run, world_siz
     eager_ok = eager is not None and "error_type" not in eager
     modes: dict[str, Any] = {}
     for mode, per_rank in by_mode.items():
-        result = per_rank[0]
         if any("error_type" in r for r in per_rank):
             failed = next(r for r in per_rank if "error_type" in r)
             modes[mode] = {"ok": False, "error": f"{failed['error_type']}: {failed['message'].splitlines()[0] if failed['message'] else ''}"}

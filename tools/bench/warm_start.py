@@ -1,6 +1,6 @@
 """Warm start: the first training step of a fresh process, cold (empty caches) and warm (caches of an earlier run).
 
-Every sample is its own process (``python -m tools.bench_warm_start --worker``), as a
+Every sample is its own process (``python -m tools.bench.warm_start --worker``), as a
 restarted job is.  Each (model, mode) gets its own cache folder, so compile-only's saved forward
 never warms the CA modes.  Per sample it reports the import, the first forward (Dynamo + AOT +
 inductor of the forward), the first backward (CA capture + CA-graph compile + run), split by
@@ -11,8 +11,8 @@ torch's own compile timers, the cache counters of the backward, and a digest of 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,9 +23,9 @@ import tempfile
 import time
 from typing import Any
 
-from . import checkout_env
-from .report import as_json as to_json
-from .report import command_of, verdict_lines
+from tools import checkout_env
+from tools.common.report import as_json as to_json
+from tools.common.report import command_of, verdict_lines
 
 __all__ = ["WarmStartBench", "MODES", "MODELS", "TARGETS", "bench", "markdown_section", "format_summary", "to_json",
            "build_parser", "main"]
@@ -106,7 +106,7 @@ def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str,
 
     import subclass_ca
     from subclass_ca import _compat
-    from tools import bench_models
+    from tools.bench import models as bench_models
 
     import_s = time.time() - launched_at  # interpreter start and `import torch, subclass_ca`
     imported = time.perf_counter()
@@ -180,7 +180,7 @@ def fsdp2_worker(rank: int, world_size: int, mode: str, backend: str) -> dict[st
 
     import subclass_ca
     from subclass_ca import _compat
-    from tools import fsdp2_parity
+    from tools.fsdp2 import parity as fsdp2_parity
 
     run = fsdp2_parity.FSDP2Run(steps=4, backend=backend, params="two_tensor")
     before = _compat.cache_counters()
@@ -220,16 +220,16 @@ def _sample(model: str, mode: str, backend: str, cache_dir: str, timeout_s: floa
             return {"model": model, "mode": mode, "error": [str(error).splitlines()[0]]}
         return ranks[0]
     env = checkout_env({**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir, "OMP_NUM_THREADS": "1"})
-    args = [sys.executable, "-m", "tools.bench_warm_start", "--worker", json.dumps([model, mode, backend, time.time()])]
+    args = [sys.executable, "-m", "tools.bench.warm_start", "--worker", json.dumps([model, mode, backend, time.time()])]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
-        return {"model": model, "mode": mode, "error": done.stderr.strip().splitlines()[-1:] or ["exit %d" % done.returncode]}
+        return {"model": model, "mode": mode, "error": done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def bench(settings: WarmStartBench, *, progress: Any = None) -> dict[str, Any]:
     """Cold and warm samples of every (model, mode); warm samples interleaved across modes."""
-    from . import bench_models
+    from . import models as bench_models
 
     models = [m for m in settings.models if not bench_models.unavailable(m)]
     skipped = {m: bench_models.unavailable(m) for m in settings.models if m not in models}
@@ -418,8 +418,8 @@ def markdown_section(results: dict[str, Any], *, command: str | None = None) -> 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m tools.bench_warm_start`` (also each sample's ``--worker`` process)."""
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_warm_start", description=__doc__.splitlines()[0])
+    """The command line of ``python -m tools.bench.warm_start`` (also each sample's ``--worker`` process)."""
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.warm_start", description=__doc__.splitlines()[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
