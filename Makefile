@@ -16,7 +16,7 @@ STAMP  := $(VENV)/.subclass_ca-installed
 PIP    := $(if $(filter 2.13.0,$(TORCH)),,env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null) $(PY) -m pip
 TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: setup torch-setup torch-setups demo test test-fast test-lanes bench bench-quick fsdp2 check versions gpu-check gpu-check-dry gpu-wheels clean
+.PHONY: setup torch-setup torch-setups demo test test-fast test-lanes lint bench bench-quick fsdp2 check versions gpu-check gpu-check-dry gpu-wheels clean
 
 # the venv and its torch alone: the slow part of a set-up (a ~4 GB CUDA wheel on the public lanes), one core each,
 # and independent of the checkout, so `make -j2 torch-setups` installs every lane's torch two at a time (.ci/run)
@@ -61,6 +61,17 @@ test-lanes:
 	set -e; for torch in $(LANES); do $(MAKE) --no-print-directory test TORCH=$$torch \
 	  SUITE=$$( [ $$torch = 2.13.0 ] && echo full || echo lane ); done
 
+# ruff (pyflakes, import order, pyupgrade, bugbear) and mypy (types), both configured in pyproject.toml; CI runs it
+# before the test lanes (.ci/run). The tools come from the `lint` extra, installed into the venv on first use.
+LINT_STAMP := $(VENV)/.lint-installed
+$(LINT_STAMP): pyproject.toml $(STAMP)
+	$(PIP) install -q -e '.[lint]'
+	touch $(LINT_STAMP)
+
+lint: $(LINT_STAMP)
+	$(PY) -m ruff check subclass_ca tools tests examples
+	$(PY) -m mypy
+
 # the full benchmark (<= 10 min on a 2-core machine): RESULTS.md, results.json, bench.png in benchmarks/
 BENCH_ARGS ?= --threads 1 --no-progress --tp --fsdp2 --ddp --depth --append benchmarks/analysis.md
 bench: $(STAMP)
@@ -91,7 +102,7 @@ versions:
 # and the tools come from this checkout (never pip-installed there), the optional extras from the wheels in
 # GPU_WHEELS (make gpu-wheels, here), installed offline. Without GPU_PYTHON it makes $(GPU_VENV) with the public
 # index's default Linux torch wheel, a CUDA build (its pip ignores this machine's pip config and torch cap, and the
-# local CPU wheels of PIP_FIND_LINKS, which would win for torch==2.13.0). tools/device_gpu_check.sh is the same
+# local CPU wheels of PIP_FIND_LINKS, which would win for torch==2.13.0). tools/gpu/device_check.sh is the same
 # check as one command for the device (results under $OUT).
 GPU_VENV   ?= .venv-cuda
 GPU_STAMP  := $(GPU_VENV)/.subclass_ca-installed

@@ -27,7 +27,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import qlora  # noqa: E402  (examples/qlora.py: the model, the data and the checks)
+import qlora
 
 
 def wrap(model: qlora.QLoRAModel, args: argparse.Namespace) -> DistributedDataParallel:

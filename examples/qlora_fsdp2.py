@@ -54,10 +54,8 @@ from typing import Any
 import torch
 from torch import nn
 
-import subclass_ca
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import qlora  # noqa: E402  (examples/qlora.py: the model, the data and the checks)
+import qlora
 
 
 def shard(model: qlora.QLoRAModel) -> qlora.QLoRAModel:

@@ -86,7 +86,7 @@ def _constant_of(node: torch.fx.Node, graph_module: torch.fx.GraphModule, folded
     if node in folded:
         return folded[node]
     if node.op == "get_attr" and _compat.pasted_aot_prefix(node.name) is not None:
-        value = getattr(graph_module, node.target, None)
+        value = getattr(graph_module, str(node.target), None)  # a get_attr node's target is the attribute's name
         return value if isinstance(value, torch.Tensor) else None
     return None
 
@@ -151,7 +151,9 @@ def canonical_form(graph_module: torch.fx.GraphModule) -> bool:
             return copies[node]
         found = reads.get(id(value))
         if found is None:
-            prefix = canonical_prefix(_compat.pasted_aot_prefix(node.name))
+            pasted = _compat.pasted_aot_prefix(node.name)
+            assert pasted is not None, node.name  # only pasted nodes are constants (_constant_of)
+            prefix = canonical_prefix(pasted)
             index = counts[prefix] = counts.get(prefix, -1) + 1
             attribute = f"{prefix}constant{index}"
             setattr(graph_module, attribute, value)

@@ -18,7 +18,7 @@ from . import _compat, diagnostics
 from ._accumulate import steal_subclass_accumulates
 from ._canonical import canonical_form
 from ._graph import CompiledCAGraph
-from ._nodes import subclass_nodes
+from ._nodes import mode_of, subclass_nodes
 from .config import Config, cache_key
 
 __all__ = ["CACompiler", "cache_token", "Settings", "settings_for"]
@@ -76,7 +76,7 @@ class CACompiler:
             canonical_form(graph_module)  # Note [One CA graph for fresh and cached forwards]
         nodes = subclass_nodes(graph_module.graph)
         config = self.subclass_ca_config
-        fullgraph = config.fullgraph and not any(node.target._subclass_ca_mode == "opaque" for node in nodes)
+        fullgraph = config.fullgraph and not any(mode_of(node) == "opaque" for node in nodes)
         report = diagnostics.finish_capture(
             graph_nodes=len(graph_module.graph.nodes),
             fullgraph=fullgraph,

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from . import _compat, diagnostics
-from ._warm_start import cacheable as _cacheable
+from ._handler import Mode, default_handler
 from ._nodes import graph_callable
 from ._recipe import (
     Recipe,
@@ -67,9 +67,9 @@ from ._recipe import (
     recipe_by_id,
     recipe_from_meta,
 )
+from ._warm_start import cacheable as _cacheable
 from .config import Config
 from .errors import RebuildError, UnsupportedSubclassError
-from ._handler import default_handler
 
 __all__ = ["proxy_call_aot_backward", "capture_config", "warn_fallback_once"]
 
@@ -111,7 +111,7 @@ def _fallback_metadata(recipe: Recipe, examples: list[Any] | None) -> dict[str, 
     }
 
 
-def _with_mode(recipe: Recipe, mode: str) -> Recipe:
+def _with_mode(recipe: Recipe, mode: Mode) -> Recipe:
     handler = dataclasses.replace(recipe.handler, mode=mode)
     return dataclasses.replace(recipe, handler=handler, key=(recipe.key, mode))
 

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from types import MethodType
+from typing import Any, cast
 
 import torch
 
 from . import _compat, _fsdp2, _regional, _split, diagnostics
+from ._epilogue import warn_fallback_once
+from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes, subclass_type_of
+from ._translate import compile_error, grad_dtype_refusal
 from ._warm_start import cacheable as _cacheable
 from ._warm_start.behaviour import cross_process_key
 from ._warm_start.traced import TracedGraph, compile_traced
-from ._epilogue import warn_fallback_once
-from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes
-from ._translate import compile_error, grad_dtype_refusal
 from .config import Config
 from .errors import UnsupportedSubclassError
 
 __all__ = ["CompiledCAGraph"]
+
+
+def _dynamic(config: Config) -> bool | None:
+    """``torch.compile``'s ``dynamic``: False never lets Dynamo mark a size dynamic (Note [Static-first CA graphs] in
+    ``_compiler.py``); None is torch's own default."""
+    return False if config.dynamic is False else None
 
 
 def _sizes(config: Config) -> dict[str, bool]:
@@ -72,7 +79,7 @@ class CompiledCAGraph:
             self._traced = compile_traced(self._graph_module, config, kwargs, self._behaviour, **_sizes(config))
             if self._traced is not None:
                 return self._traced.compiled
-        return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)
+        return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, dynamic=_dynamic(config), **kwargs)
 
     def _regional(self) -> Any:
         """The graph cut into regional pieces, or None where it is compiled whole (Note [Regional CA graphs])."""
@@ -81,11 +88,13 @@ class CompiledCAGraph:
             return None
         return _regional.regional_graph(self._graph_module, self._compile_piece, self._report)
 
-    def _compile_piece(self, forward: Callable[..., Any], *, fullgraph: bool) -> Any:
-        """One piece of a split or regional graph, compiled as the whole graph would be."""
+    def _compile_piece(self, forward: MethodType, *, fullgraph: bool) -> Any:
+        """One piece of a split or regional graph (its GraphModule's bound ``forward``), compiled as the whole graph
+        would be."""
         config = self._config
-        kwargs = _cacheable.compile_kwargs(forward.__self__, config.backend, config.compile_kwargs, config.cache)
-        return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, **_sizes(config), **kwargs)
+        piece = cast(torch.fx.GraphModule, forward.__self__)
+        kwargs = _cacheable.compile_kwargs(piece, config.backend, config.compile_kwargs, config.cache)
+        return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, dynamic=_dynamic(config), **kwargs)
 
     def _call_in_scope(self, *args: Any, **kwargs: Any) -> Any:
         if self._static_sizes:
@@ -239,7 +248,7 @@ class CompiledCAGraph:
             if _compat.is_graph_break(error) and not self._graph_breaks_allowed:
                 raise compile_error(error, args) from error
             raise error
-        names = sorted({node.target._subclass_ca_type.__qualname__ for node in subclass_nodes(self._graph_module.graph)})
+        names = sorted({subclass_type_of(node).__qualname__ for node in subclass_nodes(self._graph_module.graph)})
         if self._config.on_unsupported != "eager":
             last_line = str(error).strip().splitlines()[-1] if str(error).strip() else ""
             raise UnsupportedSubclassError(

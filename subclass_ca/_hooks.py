@@ -52,6 +52,8 @@ class _NotDesugarable(Exception):
 
 def _recipe_from_instance(tensor: torch.Tensor, flat: list[torch.Tensor]) -> Recipe:
     """A Recipe rebuilding ``tensor`` from ``flat`` (appended to, in flatten order, recursively)."""
+    if not _compat.is_traceable_wrapper_subclass(tensor):  # the callers checked: this narrows the type only
+        raise _NotDesugarable(f"a {type(tensor).__qualname__} is not a traceable wrapper subclass")
     cls = type(tensor)
     names, ctx = tensor.__tensor_flatten__()
     handler = get_handler(cls)
@@ -81,7 +83,8 @@ def _recipe_from_instance(tensor: torch.Tensor, flat: list[torch.Tensor]) -> Rec
 
 
 def _flatten_like(recipe: Recipe, tensor: Any, out: list[torch.Tensor]) -> None:
-    if type(tensor) is not recipe.subclass_type:
+    subclass_type: Any = recipe.subclass_type  # Any: `type(tensor) is` a plain `type` would narrow tensor to object
+    if type(tensor) is not subclass_type:
         raise HookOnSubclassError(
             f"a tensor hook on a {recipe.subclass_type.__qualname__} intermediate returned a "
             f"{type(tensor).__qualname__}; inside compiled autograd a hook must return None or a gradient of the "

@@ -9,16 +9,30 @@ from __future__ import annotations
 import itertools
 import re
 import threading
-from typing import Any
+from types import CodeType
+from typing import Any, Protocol, cast
 
 import torch
 
 from . import _compat
 from ._recipe import check_against, rebuild, recipe_by_id
 
-__all__ = ["graph_callable", "named_callables", "subclass_nodes", "retarget_to_opaque", "raised_in_rebuild", "MODE_PREFIX"]
+__all__ = ["graph_callable", "named_callables", "subclass_nodes", "subclass_type_of", "mode_of", "retarget_to_opaque",
+           "raised_in_rebuild", "MODE_PREFIX"]
 
-_callables: dict[tuple[type, str], Any] = {}
+
+class _GraphCallable(Protocol):
+    """What :func:`graph_callable` returns: the rebuild, tagged with the (subclass type, mode) it serves."""
+
+    __name__: str
+    __code__: CodeType
+    _subclass_ca_type: type
+    _subclass_ca_mode: str
+
+    def __call__(self, *args: Any, recipe: int) -> torch.Tensor: ...
+
+
+_callables: dict[tuple[type, str], _GraphCallable] = {}
 _callable_names: set[str] = set()
 _callables_lock = threading.Lock()
 MODE_PREFIX = {"proxy": "make", "inline": "inline", "opaque": "opaque"}
@@ -28,7 +42,7 @@ def _safe_name(cls: type) -> str:
     return re.sub(r"\W", "_", cls.__name__)
 
 
-def graph_callable(cls: type, mode: str) -> Any:
+def graph_callable(cls: type, mode: str) -> _GraphCallable:
     """The one callable per (subclass type, mode) that graph nodes target."""
     with _callables_lock:
         found = _callables.get((cls, mode))
@@ -52,15 +66,16 @@ def graph_callable(cls: type, mode: str) -> Any:
         rebuild_subclass.__module__ = "subclass_ca"
         rebuild_subclass.__doc__ = f"Rebuild a {cls.__qualname__} gradient from its inner tensors ({mode} mode)."
         if mode == "proxy":
-            target = _compat.allow_in_graph(rebuild_subclass)
+            wrapped = _compat.allow_in_graph(rebuild_subclass)
         elif mode == "opaque":
-            target = _compat.dynamo_disable(rebuild_subclass)
-            target.__name__ = target.__qualname__ = name
-            target.__module__ = "subclass_ca"
+            wrapped = _compat.dynamo_disable(rebuild_subclass)
+            wrapped.__name__ = wrapped.__qualname__ = name
+            wrapped.__module__ = "subclass_ca"
         else:
-            target = rebuild_subclass
-        target._subclass_ca_type = cls  # type: ignore[attr-defined]
-        target._subclass_ca_mode = mode  # type: ignore[attr-defined]
+            wrapped = rebuild_subclass
+        target = cast(_GraphCallable, wrapped)
+        target._subclass_ca_type = cls
+        target._subclass_ca_mode = mode
         _callables[(cls, mode)] = target
         _callable_names.add(name)
         return target
@@ -77,12 +92,22 @@ def subclass_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     return [n for n in graph.nodes if n.op == "call_function" and hasattr(n.target, "_subclass_ca_mode")]
 
 
+def subclass_type_of(node: torch.fx.Node) -> type:
+    """The subclass type a make_subclass node of ours (one of :func:`subclass_nodes`) rebuilds."""
+    return cast(_GraphCallable, node.target)._subclass_ca_type
+
+
+def mode_of(node: torch.fx.Node) -> str:
+    """The mode of a make_subclass node of ours (one of :func:`subclass_nodes`)."""
+    return cast(_GraphCallable, node.target)._subclass_ca_mode
+
+
 def retarget_to_opaque(graph_module: torch.fx.GraphModule) -> list[type]:
     """Switch every make_subclass node of ours to its opaque callable; returns the subclass types."""
     switched = []
     for node in subclass_nodes(graph_module.graph):
-        cls = node.target._subclass_ca_type
-        if node.target._subclass_ca_mode != "opaque":
+        cls = subclass_type_of(node)
+        if mode_of(node) != "opaque":
             node.target = graph_callable(cls, "opaque")
             switched.append(cls)
     graph_module.recompile()

@@ -53,7 +53,8 @@ def _optimizers(value: Any) -> list[torch.optim.Optimizer]:
 def _offending(optimizer: torch.optim.Optimizer) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if type(optimizer) in CORRECT_WHEN_COMPILED:
         return []
-    found = []
+    found: list[tuple[torch.Tensor, torch.Tensor]] = []
+    param: torch.Tensor
     for group in optimizer.param_groups:
         for param in group["params"]:
             grad = param.grad

@@ -36,8 +36,8 @@ from typing import Any
 import torch
 
 from . import _compat
-from .errors import MetadataMismatchError, RebuildError, UnsupportedSubclassError
 from ._handler import Handler
+from .errors import MetadataMismatchError, RebuildError, UnsupportedSubclassError
 from .registry import get_handler
 
 __all__ = [
@@ -122,7 +122,7 @@ def recipe_from_meta(meta: _compat.CreationMeta, base: int) -> Recipe:
 def metadata_key(handler: Handler, ctx: Any) -> Any:
     try:
         key = handler.metadata_key(ctx)
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         raise RebuildError(
             f"metadata_key of the {handler.name} raised {type(error).__name__}: {error}. "
             "Make metadata_key(ctx) a pure function of the flatten context."
@@ -179,7 +179,7 @@ def _same_context(first: Any, second: Any) -> bool:
 
 def _flatten_contexts(tensor: Any) -> Any:
     """(type, context, outer metadata, inner contexts) of a rebuilt subclass, recursively."""
-    if not _compat.is_traceable_wrapper_subclass(tensor):
+    if not isinstance(tensor, torch.Tensor) or not _compat.is_traceable_wrapper_subclass(tensor):
         return None
     names, ctx = tensor.__tensor_flatten__()
     inner = tuple((name, _flatten_contexts(getattr(tensor, name))) for name in names)

@@ -73,7 +73,7 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.fx.passes.split_module import split_module
@@ -210,7 +210,7 @@ def piece_identity(module: torch.fx.GraphModule) -> tuple[Any, ...]:
 def _input_identity(value: Any) -> Any:
     """The metadata of one piece input that Dynamo guards on (Note [Regional CA graphs], identity)."""
     if isinstance(value, torch.Tensor):
-        described = (type(value), tuple(value.shape), tuple(value.stride()) if value.layout == torch.strided else None,
+        described: tuple[Any, ...] = (type(value), tuple(value.shape), tuple(value.stride()) if value.layout == torch.strided else None,
                      value.dtype, value.device, value.requires_grad)
         if _compat.is_traceable_wrapper_subclass(value):
             names, context = value.__tensor_flatten__()
@@ -372,8 +372,8 @@ def regional_graph(
     if sinks:
         graph_module.recompile()  # the whole graph stays runnable as is (recovery, regional=False) with its sinks moved
     piece = _partitions(graph, sinks)
-    top = split_module(graph_module, None, lambda node: piece[node], keep_original_order=True)
-    modules = {int(name.rsplit("_", 1)[1]): (name, module) for name, module in top.named_children()}
+    top = split_module(graph_module, graph_module, lambda node: piece[node], keep_original_order=True)  # root_m: unused by torch
+    modules = {int(name.rsplit("_", 1)[1]): (name, cast(torch.fx.GraphModule, module)) for name, module in top.named_children()}
     identities = {number: piece_identity(module) for number, (_, module) in modules.items() if number >= _FIRST_REGION}
     if len(set(identities.values())) == len(identities):
         return None  # nothing repeats: one graph compiles and fuses best

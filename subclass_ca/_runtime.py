@@ -30,15 +30,15 @@ from typing import Any
 import torch
 
 from . import _compat, diagnostics
-from ._warm_start import cacheable as _cacheable
-from ._warm_start.behaviour import aot_key_extension, remember_keyed
 from ._accumulate import accumulate_dummy_swap, accumulation_dtype
 from ._compiler import CACompiler, cache_token
-from ._epilogue import proxy_call_aot_backward
 from ._ddp import before_ddp_forward
+from ._epilogue import proxy_call_aot_backward
 from ._hooks import trace_wrapped_swaps
 from ._optimizer_step import frame_swaps
 from ._translate import translated
+from ._warm_start import cacheable as _cacheable
+from ._warm_start.behaviour import aot_key_extension, remember_keyed
 from .config import Config
 from .errors import SubclassCAError
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.fx.passes.split_module import split_module
@@ -105,7 +105,7 @@ def _is_input_read(node: torch.fx.Node, reads: set[torch.fx.Node]) -> bool:
 def _gather(graph: torch.fx.Graph, points: Sequence[torch.fx.Node]) -> None:
     """Move each read of a graph input to just before its first user, and each unpacking of a split
     point's result to just after it, so that graph order alone decides the pieces (pure reads only)."""
-    order = {node: index for index, node in enumerate(graph.nodes)}
+    order: dict[torch.fx.Node, float] = {node: index for index, node in enumerate(graph.nodes)}
     reads: list[torch.fx.Node] = []
     seen: set[torch.fx.Node] = set()
     for node in graph.nodes:
@@ -233,7 +233,7 @@ def split_graph(
     _gather(graph_module.graph, points)
     graph_module.recompile()
     piece, eager = _partitions(graph_module.graph, points)
-    top = split_module(graph_module, None, lambda node: piece[node], keep_original_order=True)
+    top = split_module(graph_module, graph_module, lambda node: piece[node], keep_original_order=True)  # root_m: unused by torch
     pieces = []
     for name, module in list(top.named_children()):
         number = int(name.rsplit("_", 1)[1])
@@ -241,6 +241,6 @@ def split_graph(
         if number in eager:
             object.__setattr__(top, name, module.forward)
             continue
-        pieces.append(_Piece(module, name, compile_piece, report))
+        pieces.append(_Piece(cast(torch.fx.GraphModule, module), name, compile_piece, report))
         object.__setattr__(top, name, pieces[-1])
     return SplitGraph(top, pieces, len(points))

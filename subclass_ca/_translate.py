@@ -66,7 +66,9 @@ def _own_error_in_chain(error: BaseException) -> SubclassCAError | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     raised = _compat.raised_exception(error)
-    cls = getattr(errors, raised[0], None) if raised else None
+    if raised is None:
+        return None
+    cls = getattr(errors, raised[0], None)
     if isinstance(cls, type) and issubclass(cls, SubclassCAError):
         return cls(*raised[1])
     return None
@@ -185,7 +187,7 @@ def translated(error: BaseException | None) -> SubclassCAError | None:
             "subclass_ca.enable() (a torch.compile-d forward with an eager backward trains NJT correctly)."
         )
     lifted_type = _compat.fake_lift_refused_type(error)
-    if lifted_type is not None and error.__cause__ is not None:
+    if lifted_type is not None and error is not None and error.__cause__ is not None:
         cause = error.__cause__
         cause_text = (str(cause).strip().splitlines() or [""])[0]
         return BackwardCompileError(

@@ -91,7 +91,7 @@ class enable:
         **compile_kwargs: Any,
     ) -> None:
         if config is None:
-            key: tuple[Any, ...]
+            key: tuple[Any, ...] | None
             if dynamic is None and strict is None and report is None and fullgraph is None and cache is None and regional is None:
                 key = (backend, on_unsupported)  # the usual call: enable(backend=...)
             else:

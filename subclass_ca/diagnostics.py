@@ -252,7 +252,7 @@ def capture_abandoned() -> None:
             logger.debug("capture failed: compiled autograd's cache cleared (a verbose logger is installed)")
         else:
             _dangling_cache_nodes = True
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.debug("capture_abandoned failed", exc_info=True)
 
 

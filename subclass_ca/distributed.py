@@ -55,7 +55,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from .errors import SubclassCAError
 
@@ -288,7 +288,7 @@ def run_workers(
             )
             process.start()
             processes.append(process)
-            pids.append(int(process.pid))
+            pids.append(cast(int, process.pid))  # set by start()
         exited_without_result: dict[int, float] = {}
         while len(values) < nproc:
             try:

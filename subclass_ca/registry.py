@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 import torch
 
 from . import _compat
-from .errors import DuplicateHandlerError, RegistrationError
 from ._handler import (
     MODES,
     Handler,
@@ -28,6 +27,7 @@ from ._handler import (
     unflatten_rebuild,
     whole_context_key,
 )
+from .errors import DuplicateHandlerError, RegistrationError
 
 __all__ = ["register_handler", "handler", "unregister_handler", "get_handler", "handlers"]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from subclass_ca import _compat
 from subclass_ca.distributed import run_workers
 from tests import ddp_workers
 

@@ -6,9 +6,9 @@ import warnings
 
 import pytest
 import torch
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 import subclass_ca
-from torch._subclasses.functional_tensor import FunctionalTensor
 from subclass_ca.testing.subclasses import PairTensor, make_pair
 
 

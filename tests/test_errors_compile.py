@@ -54,7 +54,7 @@ def test_exception_in_torchs_backward_code_is_not_called_a_graph_break():
     with pytest.raises(RuntimeError, match=r"tangent|guessed its\s+metadata incorrectly"):
         _two_outputs_backward_on_one(under_enable=False)
     with pytest.raises(subclass_ca.BackwardCompileError) as caught:
-        weight = _two_outputs_backward_on_one(under_enable=True)
+        _two_outputs_backward_on_one(under_enable=True)
     text = str(caught.value)
     assert not isinstance(caught.value, subclass_ca.GraphBreakError)
     assert "IndexError" in text  # what raised

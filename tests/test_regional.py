@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 import subclass_ca
-from subclass_ca import _compat, _graph
-from subclass_ca import RegionalCompileError
+from subclass_ca import RegionalCompileError, _compat, _graph
 from subclass_ca._regional import piece_identity
 
 TwoTensor = _compat.two_tensor_type()

@@ -1,4 +1,4 @@
-"""Built-in handlers; each module registers itself on import."""
+"""Built-in handlers; each module registers itself on import (torchao's lazily: torchao is imported only if
+installed and used)."""
 
-from . import dtensor, two_tensor  # noqa: F401
-from . import torchao  # noqa: F401  (registers lazily: torchao is imported only if installed and used)
+from . import dtensor, torchao, two_tensor  # noqa: F401

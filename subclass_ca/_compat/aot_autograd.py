@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any

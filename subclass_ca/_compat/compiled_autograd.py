@@ -8,7 +8,7 @@ import importlib
 import inspect
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,6 +16,9 @@ from ._lookup import lookup
 from ._patch import BLOCKS, CA_CAPTURE, AttributeSwap, CallSwap, gated
 from .dynamo import dynamo_disable
 from .workarounds import ca_capture_patches
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 __all__ = [
     "CA_MODULE",
@@ -110,6 +113,12 @@ class Activation:
     """What :func:`activate` changed, for :func:`deactivate` to undo."""
 
     __slots__ = ("prior_compiler", "prior_dynamic", "prior_depth", "prior_multithreading", "torch_context")
+
+    # set by activate()'s fast path only (torch_context is None there)
+    prior_compiler: Any
+    prior_dynamic: bool
+    prior_depth: int
+    prior_multithreading: bool
 
     def __init__(self) -> None:
         self.torch_context: Any = None
@@ -209,7 +218,7 @@ _CAPTURING = "_subclass_ca_capturing"
 
 def _untraced(gate: Any) -> Any:
     """A gated capture entry point, dynamo.disable-d (Note [Capture code is never traced])."""
-    disabled = dynamo_disable(gate)
+    disabled: Any = dynamo_disable(gate)  # a function object we tag with attributes of our own
     disabled.__subclass_ca_original__ = gate.__subclass_ca_original__
     disabled.__subclass_ca_gate__ = gate.__subclass_ca_gate__
     return disabled
@@ -320,7 +329,7 @@ def pasted_aot_prefix(name: str) -> str | None:
     return match.group(1) if match else None
 
 
-def is_op_overload(target: Any) -> bool:
+def is_op_overload(target: object) -> TypeIs[torch._ops.OpOverload]:
     """A node target that is one overload of a torch operator (``aten.mul.Tensor``)."""
     return isinstance(target, torch._ops.OpOverload)
 

@@ -6,12 +6,15 @@ import contextlib
 import functools
 import importlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from ._lookup import lookup
 from ._patch import BLOCKS, AttributeSwap, gated
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 __all__ = [
     "allow_in_graph",
@@ -116,7 +119,15 @@ def is_dynamo_disabled(fn: Any) -> bool:
     return bool(getattr(fn, "_torchdynamo_disable", False) or getattr(getattr(fn, "__func__", None), "_torchdynamo_disable", False))
 
 
-def is_traceable_wrapper_subclass(value: Any) -> bool:
+class TraceableWrapper(Protocol):
+    """The traceable wrapper subclass protocol's instance side (what torch's own stubs of ``Tensor`` lack)."""
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]: ...
+
+
+def is_traceable_wrapper_subclass(value: object) -> TypeIs[TraceableWrapper]:
+    """Whether ``value`` is a wrapper subclass instance with ``__tensor_flatten__``/``__tensor_unflatten__`` (a tensor
+    typed ``torch.Tensor`` narrows to one with ``__tensor_flatten__``)."""
     return bool(lookup("torch.utils._python_dispatch:is_traceable_wrapper_subclass")(value))
 
 

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
 
 from ._lookup import lookup
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+    from .dynamo import TraceableWrapper
 
 __all__ = ["DesugaredTrace", "trace_desugared", "SymbolicInputs", "is_fake"]
 
@@ -39,7 +44,7 @@ def is_fake(value: Any) -> bool:
     return isinstance(value, lookup("torch._subclasses.fake_tensor:FakeTensor"))
 
 
-def _is_subclass(value: Any) -> bool:
+def _is_subclass(value: object) -> TypeIs[TraceableWrapper]:
     return bool(lookup("torch.utils._python_dispatch:is_traceable_wrapper_subclass")(value))
 
 

@@ -73,7 +73,7 @@ def dtensor_spec(mesh: Any) -> SubclassSpec:
 
 def _two_tensor_spec() -> SubclassSpec | None:
     # found through the registry (public API): the built-in handler registers torch's TwoTensor
-    TwoTensor = next((cls for cls in subclass_ca.handlers() if cls.__name__ == "TwoTensor"), None)  # noqa: N806
+    TwoTensor = next((cls for cls in subclass_ca.handlers() if cls.__name__ == "TwoTensor"), None)
     if TwoTensor is None:
         return None
     return SubclassSpec(make_tensor=lambda dense: TwoTensor(dense.clone(), dense * 2.0))

@@ -17,7 +17,7 @@ Each implements the traceable wrapper subclass protocol (``__tensor_flatten__`` 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -73,7 +73,7 @@ class PairTensor(torch.Tensor):
         self.a = a
         self.b = b
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # type: ignore[override]  # torch's untyped Tensor.__repr__: mypy rejects even a matching override
         return f"PairTensor({self.a!r}, {self.b!r})"
 
     def __tensor_flatten__(self) -> tuple[list[str], Any]:
@@ -84,7 +84,7 @@ class PairTensor(torch.Tensor):
         return PairTensor(inner["a"], inner["b"], outer_size, outer_stride)
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]  # torch's stubs type Tensor.__torch_dispatch__ as a plain function; the protocol is this classmethod
         kwargs = kwargs or {}
         args_a = pytree.tree_map_only(PairTensor, lambda t: t.a, args)
         args_b = pytree.tree_map_only(PairTensor, lambda t: t.b, args)
@@ -109,7 +109,18 @@ class _DenseBacked(torch.Tensor):
     input's context).  Mixed inputs: the result is plain.
     """
 
-    def to_dense(self) -> torch.Tensor:
+    if TYPE_CHECKING:  # every zoo tensor defines the traceable wrapper subclass protocol
+        def __tensor_flatten__(self) -> tuple[list[str], Any]: ...
+
+        @staticmethod
+        def __tensor_unflatten__(inner: dict[str, torch.Tensor], ctx: Any, outer_size: Any, outer_stride: Any) -> Any: ...
+
+    def to_dense(self, dtype: torch.dtype | None = None, *, masked_grad: bool | None = None) -> torch.Tensor:
+        """The dense value (``Tensor.to_dense``'s signature: ``dtype`` converts it; ``masked_grad`` is for sparse)."""
+        dense = self._dense()
+        return dense if dtype is None else dense.to(dtype)
+
+    def _dense(self) -> torch.Tensor:
         raise NotImplementedError
 
     @classmethod
@@ -117,7 +128,7 @@ class _DenseBacked(torch.Tensor):
         raise NotImplementedError
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]  # torch's stubs type Tensor.__torch_dispatch__ as a plain function; the protocol is this classmethod
         kwargs = kwargs or {}
         tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         like = next(t for t in tensors if isinstance(t, cls))
@@ -171,7 +182,7 @@ class Int8RowwiseTensor(_DenseBacked):
         self.data_int8 = data
         self.scale = scale
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # type: ignore[override]  # torch's untyped Tensor.__repr__: mypy rejects even a matching override
         return f"Int8RowwiseTensor(shape={tuple(self.shape)}, scale_dtype={self.scale.dtype})"
 
     def __tensor_flatten__(self) -> tuple[list[str], Any]:
@@ -191,7 +202,7 @@ class Int8RowwiseTensor(_DenseBacked):
             return cls(data.reshape(dense.shape), scale.reshape(1) if dense.dim() == 1 else scale.reshape(()))
         return cls(data.reshape(dense.shape), scale.reshape(dense.shape[0], *([1] * (dense.dim() - 1))))
 
-    def to_dense(self) -> torch.Tensor:
+    def _dense(self) -> torch.Tensor:
         return self.data_int8.to(self.scale.dtype) * self.scale
 
     @classmethod
@@ -220,7 +231,7 @@ class ChunkedTensor(_DenseBacked):
         self.top = top
         self.bottom = bottom
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # type: ignore[override]  # torch's untyped Tensor.__repr__: mypy rejects even a matching override
         return f"ChunkedTensor(shape={tuple(self.shape)}, halves={tuple(self.top.shape)}+{tuple(self.bottom.shape)})"
 
     def __tensor_flatten__(self) -> tuple[list[str], Any]:
@@ -231,11 +242,12 @@ class ChunkedTensor(_DenseBacked):
         return ChunkedTensor(inner["top"], inner["bottom"], outer_size, outer_stride)
 
     @classmethod
-    def split(cls, dense: torch.Tensor) -> ChunkedTensor:
+    def halve(cls, dense: torch.Tensor) -> ChunkedTensor:
+        """``dense`` stored as its two halves along dim 0 (the top one gets the odd row)."""
         half = (dense.shape[0] + 1) // 2
         return cls(dense[:half].clone(), dense[half:].clone())
 
-    def to_dense(self) -> torch.Tensor:
+    def _dense(self) -> torch.Tensor:
         return torch.cat([self.top, self.bottom], dim=0)
 
     @classmethod
@@ -244,7 +256,7 @@ class ChunkedTensor(_DenseBacked):
 
     @classmethod
     def from_dense(cls, dense: torch.Tensor, like: Any) -> Any:
-        return cls.split(dense)
+        return cls.halve(dense)
 
 
 class TaggedTensor(_DenseBacked):
@@ -262,7 +274,7 @@ class TaggedTensor(_DenseBacked):
         self.elem = elem
         self.tag = tag
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # type: ignore[override]  # torch's untyped Tensor.__repr__: mypy rejects even a matching override
         return f"TaggedTensor({self.elem!r}, tag={self.tag!r})"
 
     def __tensor_flatten__(self) -> tuple[list[str], Any]:
@@ -272,7 +284,7 @@ class TaggedTensor(_DenseBacked):
     def __tensor_unflatten__(inner: dict[str, torch.Tensor], ctx: Any, outer_size: Any, outer_stride: Any) -> Any:
         return TaggedTensor(inner["elem"], ctx, outer_size, outer_stride)
 
-    def to_dense(self) -> torch.Tensor:
+    def _dense(self) -> torch.Tensor:
         return self.elem
 
     @classmethod
@@ -298,7 +310,7 @@ def make_int8(dense: torch.Tensor) -> Int8RowwiseTensor:
 
 
 def make_chunked(dense: torch.Tensor) -> ChunkedTensor:
-    return ChunkedTensor.split(dense)
+    return ChunkedTensor.halve(dense)
 
 
 def make_tagged(dense: torch.Tensor, tag: Any = "v1") -> TaggedTensor:

@@ -18,13 +18,16 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 import subclass_ca
 
 from .scenarios import SCENARIOS, Scenario, ScenarioConfigError, ScenarioContext, ScenarioSkip, get_scenario, iter_scenarios
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 __all__ = [
     "check_subclass",
@@ -53,7 +56,11 @@ class _SubclassSnapshot:
     inner: dict[str, Any]
 
 
-def _is_wrapper_subclass(value: Any) -> bool:
+class _Flattenable(Protocol):
+    def __tensor_flatten__(self) -> tuple[list[str], Any]: ...
+
+
+def _is_wrapper_subclass(value: object) -> TypeIs[_Flattenable]:
     return isinstance(value, torch.Tensor) and type(value) is not torch.Tensor and hasattr(value, "__tensor_flatten__")
 
 
@@ -265,10 +272,10 @@ def run_scenario(
     """
     scenario = get_scenario(scenario) if isinstance(scenario, str) else scenario
     started = time.perf_counter()
-    cell = dict(subclass=subclass, scenario=scenario.name, backend=backend, device=device)
 
     def done(status: str, reason: str = "", **extra: Any) -> ScenarioResult:
-        return ScenarioResult(**cell, status=status, reason=reason, seconds=time.perf_counter() - started, **extra)
+        return ScenarioResult(subclass=subclass, scenario=scenario.name, backend=backend, device=device, status=status,
+                              reason=reason, seconds=time.perf_counter() - started, **extra)
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         return done("skip", "CUDA is not available")
@@ -304,7 +311,7 @@ def run_scenario(
         subclass_ca.reset()
     compiles = captured
     nodes = sum(r.total_subclass_nodes for r in new_reports)
-    stats = dict(ca_compiles=compiles, subclass_nodes=nodes)
+    stats: dict[str, Any] = dict(ca_compiles=compiles, subclass_nodes=nodes)
 
     problems: list[str] = []
     abs_err = rel_err = None
@@ -593,6 +600,11 @@ class SubclassCATestSuite:
     def check(self, scenario: str, backend: str, device: str) -> ScenarioResult:
         """Run one cell for this suite's configuration."""
         factory = type(self).make_tensor  # class access unwraps staticmethod
+        if factory is None:
+            raise TypeError(
+                f"{type(self).__name__}.check(): the suite has no make_tensor; set the class attribute "
+                "`make_tensor = staticmethod(lambda dense: MyTensor(...))` (dense tensor -> your subclass)"
+            )
         variant = type(self).make_variant
         plain = type(self).make_plain
         report = check_subclass(

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import subclass_ca
-from subclass_ca import _compat, _runtime
+from subclass_ca import _compat
 from subclass_ca.testing.subclasses import make_pair
 
 

@@ -10,8 +10,8 @@ import torch
 
 import subclass_ca
 from subclass_ca import _compat, _runtime
-from subclass_ca.testing.subclasses import PairTensor, make_pair
 from subclass_ca.errors import SubclassCAError
+from subclass_ca.testing.subclasses import PairTensor, make_pair
 
 
 def _target():

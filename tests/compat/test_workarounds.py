@@ -57,7 +57,7 @@ def _train_accumulating(backend: str | None, steps: int = 3, micro_batches: int 
 def test_grad_context_workaround_preserves_values_over_optimizer_steps():
     eager = _train_accumulating(None)
     ours = _train_accumulating("aot_eager")
-    for (name, want), (_, got) in zip(eager.named_parameters(), ours.named_parameters()):
+    for (_, want), (_, got) in zip(eager.named_parameters(), ours.named_parameters()):
         assert_same_grad(want.detach(), got.detach(), exact=False)
 
 

@@ -28,9 +28,10 @@ def dense_reference(seed: int = 0) -> dict[str, torch.Tensor]:
 
 def dtensor_grads_under_subclass_ca(rank: int, world_size: int, seed: int) -> dict[str, object]:
     """Shard(0) weight + Replicate bias on a 2-rank mesh; backward under subclass_ca.enable()."""
-    import subclass_ca
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    import subclass_ca
 
     mesh = init_device_mesh("cpu", (world_size,))
     problem = dense_problem(seed)

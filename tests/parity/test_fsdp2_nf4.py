@@ -11,7 +11,6 @@ autograd: Note [FSDP2 under compiled autograd]).
 from __future__ import annotations
 
 import pytest
-import torch
 
 from subclass_ca.distributed import run_workers
 

@@ -91,7 +91,7 @@ def test_post_accumulate_hooks_on_subclass_param_match_eager(hook, backend):
     eager, _ = _train(factory, None)
     ours, _ = _train(factory, backend)
     exact = backend == "aot_eager"
-    for (name, want), got in zip(eager.named_parameters(), ours.parameters()):
+    for (_, want), got in zip(eager.named_parameters(), ours.parameters()):
         assert_same_grad(want.detach(), got.detach(), exact=exact)
         assert_same_grad(want.grad, got.grad, exact=exact)
     assert type(ours.w.detach()) is TwoTensor

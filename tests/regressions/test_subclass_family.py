@@ -27,7 +27,10 @@ def _train(backend: str | None, steps: int = 3):
     dense = torch.randn(5, 5)
     weight = torch.nn.Parameter(TaggedTwoTensor(dense.clone(), dense * 2))
     optimizer = torch.optim.SGD([weight], lr=0.1)
-    loss_fn = (lambda x: (x @ weight).sin().sum())
+
+    def loss_fn(x: torch.Tensor) -> torch.Tensor:
+        return (x @ weight).sin().sum()
+
     forward = torch.compile(loss_fn, backend=backend) if backend else loss_fn
     grads = []
     for step in range(steps):

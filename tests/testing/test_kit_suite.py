@@ -255,3 +255,14 @@ def test_suite_failure_raises_the_report_assertion():
 
     with pytest.raises(AssertionError, match=r"Broken / param_grad \[aot_eager, cpu\]"):
         Broken().test_param_grad__aot_eager__cpu()
+
+
+def test_a_suite_without_make_tensor_says_so_when_checked():
+    """``check()`` on a suite that sets no ``make_tensor`` names the suite and the attribute to set (it used to
+    surface as check_subclass's "expected a factory ... got None")."""
+
+    class NoFactory(SubclassCATestSuite):
+        pass
+
+    with pytest.raises(TypeError, match=r"NoFactory\.check\(\): the suite has no make_tensor"):
+        NoFactory().check("param_grad", "aot_eager", "cpu")
