@@ -21,6 +21,7 @@ Exit status: 0 all passed (skips allowed), 1 any failure, 2 usage error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import sys
@@ -32,13 +33,17 @@ import torch
 import subclass_ca
 
 from .scenarios import scenario_names
+from .. import _compat
 from .specs import ZOO_SPECS, builtin_specs
-from .suite import CheckReport, ScenarioResult, SubclassSpec, run_scenario
+from .suite import NOT_APPLICABLE, CheckReport, ScenarioResult, SubclassSpec, run_scenario
+from .torchao_specs import torchao_specs, unavailable_torchao_specs
 
 __all__ = ["main", "FACTORIES_ATTRIBUTE"]
 
 FACTORIES_ATTRIBUTE = "SUBCLASS_CA_FACTORIES"
 _BUILTIN_TYPE_NAMES = {"two_tensor": "TwoTensor", "dtensor": "DTensor"}
+_TORCHAO_TYPE_NAMES = {"nf4": "NF4Tensor", "float8_weight": "WeightWithDynamicFloat8CastTensor"}
+_STOCK_NOTE = "stock compiled autograd (torch's own epilogue), the same backend and program"
 
 
 class UsageError(Exception):
@@ -72,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", metavar="FILE", help="also write the full report as JSON to FILE")
     parser.add_argument("--no-zoo", action="store_true", help="leave out the reference zoo")
     parser.add_argument("--no-builtin", action="store_true", help="leave out the built-in handlers' subclasses")
+    parser.add_argument("--no-torchao", action="store_true",
+                        help="leave out torchao's training subclasses (certified by default when torchao is installed)")
+    parser.add_argument("--compare-stock", action="store_true",
+                        help="run every cell under stock compiled autograd too: the table shows both, and the summary "
+                        "where stock is wrong or refuses and subclass_ca is right (and any cell the other way round)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list", action="store_true", help="list the subclasses and scenarios, run nothing")
     return parser
@@ -122,6 +132,9 @@ def _collect(args: argparse.Namespace) -> tuple[dict[str, SubclassSpec], list[st
     if not args.no_builtin:
         for name, spec in builtin_specs().items():
             add(name, spec, "the built-in handlers", _BUILTIN_TYPE_NAMES.get(name))
+    if not args.no_torchao:
+        for name, spec in torchao_specs().items():
+            add(name, spec, "torchao's training subclasses", _TORCHAO_TYPE_NAMES.get(name))
     if not args.no_zoo:
         for name, spec in ZOO_SPECS.items():
             add(name, spec, "the zoo", _probe_type_name(spec))
@@ -191,7 +204,7 @@ def _run(args: argparse.Namespace) -> int:
     if not specs:
         detail = f" (registered without a factory: {', '.join(uncovered)})" if uncovered else ""
         raise UsageError(
-            "nothing to check: no subclass with a factory left after --subclass/--no-zoo/--no-builtin"
+            "nothing to check: no subclass with a factory left after --subclass/--no-zoo/--no-builtin/--no-torchao"
             + detail + "; expose SUBCLASS_CA_FACTORIES in a --module"
         )
 
@@ -203,11 +216,7 @@ def _run(args: argparse.Namespace) -> int:
         for name, spec, backend, device, scenario in units:
             if bar is not None:
                 bar.set_postfix_str(f"{name}/{scenario}")
-            report.results.append(run_scenario(
-                scenario, spec.make_tensor, subclass=name, backend=backend, device=device,
-                make_variant=spec.make_variant, make_plain=spec.make_plain, atol=spec.atol, rtol=spec.rtol,
-                known_failure=spec.known_failures.get(scenario),
-            ))
+            report.results.append(_run_cell(args, name, spec, backend, device, scenario))
             if bar is not None:
                 bar.update(1)
     finally:
@@ -227,7 +236,19 @@ def _run(args: argparse.Namespace) -> int:
     print()
     for result in report.failures:
         print(f"FAILED {result.subclass} / {result.scenario} [{result.backend}, {result.device}]:")
+        if result.first_difference:
+            print(f"    first difference: {result.first_difference}")
         print("\n".join(f"    {line}" for line in result.reason.splitlines()))
+        print(f"    reproduce: {result.reproduce}")
+    if args.compare_stock:
+        for title, cells in (("subclass_ca right where stock is wrong or refuses", report.beyond_stock),
+                             ("stock passes where subclass_ca does not", report.behind_stock)):
+            print(f"{title}: {len(cells)}" + "".join(
+                f"\n    {r.subclass} / {r.scenario} [{r.backend}, {r.device}]: stock: {r.stock_reason.splitlines()[0] if r.stock_reason else r.status}"
+                for r in cells))
+    if not args.no_torchao and not chosen:
+        for name, why in unavailable_torchao_specs().items():
+            print(f"not certified: {name}: {why}")
     skip_reasons: dict[str, list[str]] = {}
     for result in report.skipped:
         skip_reasons.setdefault(result.reason.splitlines()[0] if result.reason else "", []).append(
@@ -241,7 +262,40 @@ def _run(args: argparse.Namespace) -> int:
                 handle.write(report.to_json(indent=2))
         except OSError as error:
             raise UsageError(f"--json {args.json}: cannot write it ({error})") from None
-    return 0 if report.ok else 1
+    return 0 if report.ok and not report.behind_stock else 1
+
+
+def _stock_context(backend: str, **_: Any) -> Any:
+    return _compat.enable_compiled_autograd(_compat.stock_ca_compiler(backend))
+
+
+def _stock_captures() -> int:
+    return int(_compat.ca_counters().get("captures", 0))
+
+
+def _reproduce(args: argparse.Namespace, name: str, backend: str, device: str, scenario: str) -> str:
+    modules = "".join(f" --module {m}" for m in _split(args.module))
+    stock = " --compare-stock" if args.compare_stock else ""
+    return (f"python -m subclass_ca check{modules} --subclass {name} --scenario {scenario} --backend {backend} "
+            f"--device {device}{stock} --no-progress")
+
+
+def _run_cell(args: argparse.Namespace, name: str, spec: SubclassSpec, backend: str, device: str, scenario: str) -> ScenarioResult:
+    """One cell, under subclass_ca (and stock with --compare-stock); a scenario that does not apply is a skip with its reason."""
+    reproduce = _reproduce(args, name, backend, device, scenario)
+    if scenario in spec.not_applicable:
+        result = ScenarioResult(subclass=name, scenario=scenario, backend=backend, device=device, status="skip",
+                                reason=NOT_APPLICABLE + spec.not_applicable[scenario])
+        return dataclasses.replace(result, reproduce=reproduce, stock_status="skip" if args.compare_stock else None)
+    options = dict(subclass=name, backend=backend, device=device, make_variant=spec.make_variant, make_plain=spec.make_plain,
+                   atol=spec.atol, rtol=spec.rtol, known_failure=spec.known_failures.get(scenario),
+                   make_module=spec.make_module, make_optimizer=spec.make_optimizer)
+    result = dataclasses.replace(run_scenario(scenario, spec.make_tensor, **options), reproduce=reproduce)  # type: ignore[arg-type]
+    if not args.compare_stock:
+        return result
+    stock = run_scenario(scenario, spec.make_tensor, backward_context=_stock_context, capture_count=_stock_captures,
+                         **{**options, "known_failure": None})  # type: ignore[arg-type]
+    return dataclasses.replace(result, stock_status=stock.status, stock_reason=stock.reason)
 
 
 def main(argv: list[str] | None = None) -> int:

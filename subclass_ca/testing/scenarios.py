@@ -23,7 +23,7 @@ as a skip carrying the error, never hidden.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -40,6 +40,8 @@ class ScenarioConfigError(ValueError):
 
 
 Factory = Callable[[torch.Tensor], torch.Tensor]
+ModuleSwap = Callable[[torch.nn.Module], torch.nn.Module]
+OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -60,6 +62,11 @@ class ScenarioContext:
     """``backward(loss, gradient=None)``; CA: inside ``subclass_ca.enable(backend)``."""
     mode: str
     """``"eager"`` or ``"ca"`` (programs must not branch on it; it is for messages)."""
+    make_module: ModuleSwap | None = None
+    """How a model's ``nn.Linear`` layers become the subclass's training modules (a module swap
+    such as ``convert_to_float8_training``, or ``quantize_``); returns the model."""
+    make_optimizer: OptimizerFactory | None = None
+    """parameters -> an optimizer whose states are the subclass (e.g. torchao's ``AdamW8bit``)."""
     seed: int = 0
 
     def dense(self, *shape: int, offset: int = 0) -> torch.Tensor:
@@ -338,6 +345,50 @@ def _warmup_recompiles(ctx: ScenarioContext) -> dict[str, Any]:
         ctx.backward(out, ctx.subclass(ctx.dense(3, 4, offset=10 + index)))
         results.update({f"step{index}.w.grad": w.grad, f"step{index}.x.grad": x.grad})
         w.grad = x.grad = None
+    return results
+
+
+def _mlp(ctx: ScenarioContext, width: int) -> torch.nn.Module:
+    """Two bias-free Linear layers (sizes multiples of 16, as float8 and the low-bit kernels need), seeded."""
+    model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width, bias=False), torch.nn.ReLU(),
+                                torch.nn.Linear(2 * width, width, bias=False))
+    with torch.no_grad():
+        for index, layer in enumerate((model[0], model[2])):
+            layer.weight.copy_(ctx.dense(*layer.weight.shape, offset=20 + index) / layer.weight.shape[1] ** 0.5)
+    return model.to(ctx.device)
+
+
+def _train(ctx: ScenarioContext, model: torch.nn.Module, optimizer: torch.optim.Optimizer, width: int) -> dict[str, Any]:
+    step = ctx.compile(model)
+    results: dict[str, Any] = {}
+    for index in range(3):
+        loss = step(ctx.dense(16, width, offset=30 + index)).square().mean()
+        ctx.backward(loss)
+        results[f"step{index}.loss"] = loss.detach()
+        results.update({f"step{index}.{name}.grad": p.grad for name, p in model.named_parameters()})
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        results.update({f"step{index}.{name}": p.detach() for name, p in model.named_parameters()})
+    return results
+
+
+@scenario("module_swap", "a 2-layer MLP whose Linear layers the spec's make_module converts (module swap, quantize_), 3 SGD steps")
+def _module_swap(ctx: ScenarioContext) -> dict[str, Any]:
+    if ctx.make_module is None:
+        raise ScenarioSkip("the spec has no make_module (a module swap or quantize_ of nn.Linear layers)")
+    model = ctx.make_module(_mlp(ctx, 32))
+    return _train(ctx, model, torch.optim.SGD(model.parameters(), lr=0.1), 32)
+
+
+@scenario("optimizer_state", "a 2-layer MLP trained 3 steps by the spec's optimizer, whose states are the subclass")
+def _optimizer_state(ctx: ScenarioContext) -> dict[str, Any]:
+    if ctx.make_optimizer is None:
+        raise ScenarioSkip("the spec has no make_optimizer (an optimizer whose states are the subclass)")
+    model = _mlp(ctx, 64)  # 64 x 128 weights: low-bit optimizers keep states of 4096+ elements quantized
+    optimizer = ctx.make_optimizer(model.parameters())
+    results = _train(ctx, model, optimizer, 64)
+    for index, state in enumerate(optimizer.state.values()):
+        results.update({f"state{index}.{name}": value for name, value in state.items() if isinstance(value, torch.Tensor)})
     return results
 
 

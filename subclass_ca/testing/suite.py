@@ -24,7 +24,17 @@ import torch
 
 import subclass_ca
 
-from .scenarios import SCENARIOS, Scenario, ScenarioConfigError, ScenarioContext, ScenarioSkip, get_scenario, iter_scenarios
+from .scenarios import (
+    SCENARIOS,
+    ModuleSwap,
+    OptimizerFactory,
+    Scenario,
+    ScenarioConfigError,
+    ScenarioContext,
+    ScenarioSkip,
+    get_scenario,
+    iter_scenarios,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
@@ -202,6 +212,13 @@ class ScenarioResult:
     subclass_nodes: int | None = None
     """make_subclass nodes summed over those captures (``CaptureReport.total_subclass_nodes``)."""
     seconds: float = 0.0
+    first_difference: str = ""
+    """The first value that differs from eager (name, max difference, or a type/dtype mismatch); empty if none."""
+    reproduce: str = ""
+    """The command that runs this one cell again (set by ``python -m subclass_ca check``)."""
+    stock_status: str | None = None
+    """The same cell under stock compiled autograd (``check --compare-stock``): pass, fail or skip; None: not run."""
+    stock_reason: str = ""
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -213,6 +230,10 @@ class ScenarioResult:
             if data[name] is not None and not math.isfinite(data[name]):
                 data[name] = str(data[name])
         return data
+
+
+NOT_APPLICABLE = "does not apply: "
+"""How a skip's reason starts when the spec says the scenario does not apply (``SubclassSpec.not_applicable``)."""
 
 
 def _error_text(error: BaseException) -> str:
@@ -230,6 +251,7 @@ def _run_program(
     scenario: Scenario, make: Factory, make_variant: Factory | None, make_plain: Factory | None,
     device: torch.device, mode: str, backend: str,
     backward_context: Callable[[str], Any] | None = None,
+    make_module: ModuleSwap | None = None, make_optimizer: OptimizerFactory | None = None,
 ) -> Any:
     if mode == "eager":
         compile_fn: Callable[..., Any] = lambda fn: fn  # noqa: E731
@@ -244,7 +266,9 @@ def _run_program(
             with (backward_context or subclass_ca.enable)(backend):
                 loss.backward(gradient)
 
-    ctx = ScenarioContext(make=make, make_variant=make_variant, make_plain=make_plain, device=device, compile=compile_fn, backward=backward, mode=mode)
+    torch.manual_seed(0)  # both runs draw the same random numbers (stochastic rounding, dropout, optimizer noise)
+    ctx = ScenarioContext(make=make, make_variant=make_variant, make_plain=make_plain, device=device, compile=compile_fn,
+                          backward=backward, mode=mode, make_module=make_module, make_optimizer=make_optimizer)
     return snapshot(scenario.program(ctx))
 
 
@@ -262,6 +286,8 @@ def run_scenario(
     known_failure: str | None = None,
     backward_context: Callable[[str], Any] | None = None,
     capture_count: Callable[[], int] | None = None,
+    make_module: ModuleSwap | None = None,
+    make_optimizer: OptimizerFactory | None = None,
 ) -> ScenarioResult:
     """Run one scenario eagerly and under subclass_ca; never raises for a scenario failure.
 
@@ -287,7 +313,8 @@ def run_scenario(
 
     subclass_ca.reset()
     try:
-        eager = _run_program(scenario, make_tensor, make_variant, make_plain, torch_device, "eager", backend)
+        eager = _run_program(scenario, make_tensor, make_variant, make_plain, torch_device, "eager", backend,
+                             make_module=make_module, make_optimizer=make_optimizer)
     except ScenarioSkip as skip:
         return done("skip", str(skip))
     except ScenarioConfigError as error:
@@ -301,7 +328,8 @@ def run_scenario(
     before = _newest_capture_index()
     captures_before = capture_count() if capture_count is not None else 0
     try:
-        ca = _run_program(scenario, make_tensor, make_variant, make_plain, torch_device, "ca", backend, backward_context)
+        ca = _run_program(scenario, make_tensor, make_variant, make_plain, torch_device, "ca", backend, backward_context,
+                          make_module=make_module, make_optimizer=make_optimizer)
         error_text = None
     except Exception as error:  # noqa: BLE001
         ca, error_text = None, _error_text(error)
@@ -316,11 +344,13 @@ def run_scenario(
     problems: list[str] = []
     abs_err = rel_err = None
     if error_text is not None:
-        problems.append(f"the subclass_ca run raised {error_text}")
+        problems.append(f"the {'subclass_ca' if backward_context is None else 'compiled'} run raised {error_text}")
     else:
         comparison = _Comparison()
         _compare(eager, ca, "", comparison, atol, rtol)
         problems += comparison.problems
+        if comparison.problems:
+            stats["first_difference"] = comparison.problems[0]
         abs_err, rel_err = comparison.max_abs_error, comparison.max_rel_error
         if scenario.exact_captures is not None and compiles != scenario.exact_captures:
             problems.append(f"{compiles} compiled-autograd captures, expected exactly {scenario.exact_captures}")
@@ -403,7 +433,21 @@ class CheckReport:
             raise AssertionError(self.failure_text())
 
     def summary(self) -> str:
-        return f"{len(self.passed)} passed, {len(self.failures)} failed, {len(self.skipped)} skipped"
+        text = f"{len(self.passed)} passed, {len(self.failures)} failed, {len(self.skipped)} skipped"
+        if any(r.stock_status is not None for r in self.results):
+            text += (f"; stock compiled autograd wrong or refusing where subclass_ca passes: {len(self.beyond_stock)}, "
+                     f"stock passing where subclass_ca does not: {len(self.behind_stock)}")
+        return text
+
+    @property
+    def beyond_stock(self) -> list[ScenarioResult]:
+        """Cells subclass_ca passes and stock compiled autograd fails (wrong values, or an error)."""
+        return [r for r in self.results if r.status == "pass" and r.stock_status == "fail"]
+
+    @property
+    def behind_stock(self) -> list[ScenarioResult]:
+        """Cells stock compiled autograd passes and subclass_ca does not (there must be none)."""
+        return [r for r in self.results if r.stock_status == "pass" and r.status != "pass"]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -429,15 +473,20 @@ class CheckReport:
         ok_mark, fail_mark = ("✓", "✗") if unicode else ("ok", "FAIL")
         multi = len({c[1:] for c in columns}) > 1
 
+        def status_text(status: str | None) -> str:
+            return ok_mark if status == "pass" else fail_mark if status == "fail" else "skip"
+
         def cell_text(result: ScenarioResult | None) -> str:
             if result is None:
                 return ""
+            if result.status == "skip" and result.reason.startswith(NOT_APPLICABLE):
+                return "n/a"
+            text = status_text(result.status)
             if result.status == "pass":
-                err = result.max_abs_error
-                return f"{ok_mark} {err:.1e}" if err else f"{ok_mark} 0"
-            if result.status == "fail":
-                return fail_mark
-            return "skip"
+                text += f" {result.max_abs_error:.1e}" if result.max_abs_error else " 0"
+            if result.stock_status is not None:  # check --compare-stock: ours | stock
+                text += f" | stock {status_text(result.stock_status)}"
+            return text
 
         headers = ["scenario"] + [f"{c[0]} [{c[1]},{c[2]}]" if multi else c[0] for c in columns]
         body = [[row] + [cell_text(cells.get((row, col))) for col in columns] for row in rows]
@@ -469,11 +518,19 @@ class SubclassSpec:
     """Scenario names to run (None: the whole battery)."""
     known_failures: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """scenario name -> documented limitation: a failure there is reported as a skip naming it."""
+    make_module: ModuleSwap | None = None
+    """How a model's ``nn.Linear`` layers become the subclass's training modules (``module_swap``)."""
+    make_optimizer: OptimizerFactory | None = None
+    """parameters -> an optimizer whose states are the subclass (``optimizer_state``)."""
+    not_applicable: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """scenario name -> why it does not apply to this subclass: not run, reported as a skip with the reason."""
 
     def __post_init__(self) -> None:
         if not callable(self.make_tensor):
             raise ValueError(f"SubclassSpec.make_tensor must be callable, got {self.make_tensor!r}")
-        for field_name in ("make_variant", "make_plain"):
+        for name in self.not_applicable:
+            get_scenario(name)
+        for field_name in ("make_variant", "make_plain", "make_module", "make_optimizer"):
             value = getattr(self, field_name)
             if value is not None and not callable(value):
                 raise ValueError(f"SubclassSpec.{field_name} must be callable or None, got {value!r}")
@@ -546,11 +603,16 @@ def check_subclass(
     for backend in backends:
         for device in devices:
             for item in chosen:
-                result = run_scenario(
-                    item, spec.make_tensor, subclass=name, backend=backend, device=device,
-                    make_variant=make_variant, make_plain=make_plain, atol=atol, rtol=rtol,
-                    known_failure=known_failures.get(item.name),
-                )
+                if item.name in spec.not_applicable:
+                    result = ScenarioResult(subclass=name, scenario=item.name, backend=backend, device=device,
+                                            status="skip", reason=NOT_APPLICABLE + spec.not_applicable[item.name])
+                else:
+                    result = run_scenario(
+                        item, spec.make_tensor, subclass=name, backend=backend, device=device,
+                        make_variant=make_variant, make_plain=make_plain, atol=atol, rtol=rtol,
+                        known_failure=known_failures.get(item.name),
+                        make_module=spec.make_module, make_optimizer=spec.make_optimizer,
+                    )
                 report.results.append(result)
                 if progress is not None:
                     progress(result)

@@ -25,7 +25,7 @@ def _check(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 def test_check_on_the_zoo_prints_the_table_writes_json_and_exits_0(tmp_path):
     out = tmp_path / "report.json"
-    run = _check("--no-builtin", "--json", str(out))
+    run = _check("--no-builtin", "--no-torchao", "--json", str(out))
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].split() == ["scenario", "pair", "nested_pair", "int8", "chunked", "tagged"]
@@ -80,7 +80,7 @@ def test_registered_subclass_without_a_factory_is_listed_as_skipped(capsys):
         (["--device", "potato"], "unknown device 'potato'"),
         (["--scenario", "nope"], "unknown scenario 'nope'; choose from: param_grad"),
         (["--json", "/no/such/dir/report.json"], "its directory does not exist"),
-        (["--no-zoo", "--no-builtin"], "nothing to check"),
+        (["--no-zoo", "--no-builtin", "--no-torchao"], "nothing to check"),
         (["--bogus-flag"], "unrecognized arguments: --bogus-flag"),
     ],
 )

@@ -1,0 +1,184 @@
+"""Ready-made specs for torchao's training subclasses: what ``python -m subclass_ca check`` certifies with torchao.
+
+Each entry says how its subclass is made in training, which scenarios apply to it, and why
+the others do not (reported as skips with that reason, never hidden):
+
+* ``nf4`` — ``NF4Tensor``, the frozen QLoRA base: a frozen weight with trainable neighbours.
+* ``float8_training`` — ``convert_to_float8_training`` (tensorwise scaling): a module swap whose
+  ``Float8TrainingTensor`` casts live inside the compiled forward.
+* ``float8_weight`` — ``WeightWithDynamicFloat8CastTensor``, the parameter type of float8
+  training with float8 all-gather (FSDP2), as a parameter and through the module swap.
+* ``int8_mixed_precision``, ``int8_quantized_training``, ``bitnet`` — ``quantize_`` with
+  torchao's quantized-training configs: parameters of the subclass, trained by SGD.
+* ``optim_state_8bit``, ``optim_state_4bit`` — ``AdamW8bit`` / ``AdamW4bit``, whose states are
+  ``OptimState8bit`` / ``OptimState4bit``, over several optimizer steps.
+
+torchao is imported only when :func:`torchao_specs` is called; a torchao without one of them
+leaves it out with the reason (:func:`unavailable_torchao_specs`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from .scenarios import ScenarioSkip, scenario_names
+from .suite import SubclassSpec
+
+__all__ = ["TORCHAO_SPEC_NAMES", "torchao_specs", "unavailable_torchao_specs"]
+
+_FROZEN = "NF4Tensor is a frozen QLoRA base (torchao gives it no gradient and implements only the ops of a linear)"
+_MODULE_ONLY = "{type} is made by {maker} inside the layers it converts: it is certified through module_swap"
+_OPTIMIZER_ONLY = "{type} is an optimizer state: it never meets autograd, and is certified through optimizer_state"
+_TANGENT_GUESS = ("torch.compile alone (no compiled autograd) fails the same way: a WeightWithDynamicFloat8CastTensor "
+                  "gradient reaches an AOT backward that guessed a plain tangent, and torchao 0.18 does not implement "
+                  "__coerce_same_metadata_as_tangent__ for it")
+_LINEAR_ONLY = "{type} implements F.linear, not the matmuls and elementwise ops of this scenario: certified through module_swap"
+
+
+def _nf4(dense: torch.Tensor) -> torch.Tensor:
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    return to_nf4(dense, block_size=min(64, dense.numel()), scaler_block_size=1)
+
+
+def _not_a_tensor_factory(type_name: str, maker: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    def make(dense: torch.Tensor) -> torch.Tensor:
+        raise ScenarioSkip(_MODULE_ONLY.format(type=type_name, maker=maker))
+
+    return make
+
+
+def _quantized(config: Callable[[], Any]) -> Callable[[torch.nn.Module], torch.nn.Module]:
+    def convert(model: torch.nn.Module) -> torch.nn.Module:
+        from torchao.quantization import quantize_
+
+        quantize_(model, config())
+        return model
+
+    return convert
+
+
+def _float8(model: torch.nn.Module, *, all_gather: bool = False) -> torch.nn.Module:
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    return convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather))
+
+
+def _float8_weight(dense: torch.Tensor) -> torch.Tensor:
+    from torchao.float8.float8_linear import LinearMMConfig
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    return WeightWithDynamicFloat8CastTensor(dense, LinearMMConfig(), torch.float8_e4m3fn)
+
+
+def _optimizer(name: str) -> Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]:
+    def make(parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        import torchao.optim
+
+        return getattr(torchao.optim, name)(parameters, lr=1e-2)
+
+    return make
+
+
+def _only(applicable: Iterable[str], reason: str) -> dict[str, str]:
+    keep = set(applicable)
+    return {name: reason for name in scenario_names() if name not in keep}
+
+
+def _int8_mixed() -> Any:
+    from torchao.prototype.quantized_training import int8_mixed_precision_training
+
+    return int8_mixed_precision_training()
+
+
+def _int8_quantized() -> Any:
+    from torchao.prototype.quantized_training import int8_weight_only_quantized_training
+
+    return int8_weight_only_quantized_training()
+
+
+def _bitnet() -> Any:
+    from torchao.prototype.quantized_training import bitnet_training
+
+    return bitnet_training()
+
+
+_SPECS: dict[str, tuple[str, Callable[[], SubclassSpec]]] = {
+    "nf4": ("torchao.quantization.quantize_.workflows.nf4.nf4_tensor:NF4Tensor", lambda: SubclassSpec(
+        make_tensor=_nf4, not_applicable=_only(["frozen_weight"], _FROZEN))),
+    "float8_training": ("torchao.float8:convert_to_float8_training", lambda: SubclassSpec(
+        make_tensor=_not_a_tensor_factory("Float8TrainingTensor", "Float8Linear"), make_module=_float8,
+        not_applicable=_only(["module_swap"], _MODULE_ONLY.format(type="Float8TrainingTensor", maker="Float8Linear")))),
+    "float8_weight": ("torchao.float8.fsdp_utils:WeightWithDynamicFloat8CastTensor", lambda: SubclassSpec(
+        make_tensor=_float8_weight, make_module=functools.partial(_float8, all_gather=True),
+        known_failures=dict.fromkeys(
+            ["gradient_type", "autograd_function", "hook", "hook_intermediate", "dynamic_batch", "warmup_recompiles"],
+            _TANGENT_GUESS),
+        not_applicable={"optimizer_state": "WeightWithDynamicFloat8CastTensor is a parameter, not an optimizer state",
+                        "metadata_change": "its flatten metadata (the float8 config) is fixed per model"})),
+    "int8_mixed_precision": ("torchao.prototype.quantized_training:Int8MixedPrecisionTrainingLinearWeight", lambda: SubclassSpec(
+        make_tensor=_not_a_tensor_factory("Int8MixedPrecisionTrainingLinearWeight", "quantize_"),
+        make_module=_quantized(_int8_mixed),
+        not_applicable=_only(["module_swap"], _LINEAR_ONLY.format(type="Int8MixedPrecisionTrainingLinearWeight")))),
+    "int8_quantized_training": ("torchao.prototype.quantized_training:Int8QuantizedTrainingLinearWeight", lambda: SubclassSpec(
+        make_tensor=_not_a_tensor_factory("Int8QuantizedTrainingLinearWeight", "quantize_"),
+        make_module=_quantized(_int8_quantized),
+        not_applicable=_only(["module_swap"], _LINEAR_ONLY.format(type="Int8QuantizedTrainingLinearWeight")))),
+    "bitnet": ("torchao.prototype.quantized_training:BitNetTrainingLinearWeight", lambda: SubclassSpec(
+        make_tensor=_not_a_tensor_factory("BitNetTrainingLinearWeight", "quantize_"), make_module=_quantized(_bitnet),
+        not_applicable=_only(["module_swap"], _LINEAR_ONLY.format(type="BitNetTrainingLinearWeight")))),
+    "optim_state_8bit": ("torchao.optim:AdamW8bit", lambda: SubclassSpec(
+        make_tensor=_not_a_tensor_factory("OptimState8bit", "AdamW8bit"), make_optimizer=_optimizer("AdamW8bit"),
+        not_applicable=_only(["optimizer_state"], _OPTIMIZER_ONLY.format(type="OptimState8bit")))),
+    "optim_state_4bit": ("torchao.optim:AdamW4bit", lambda: SubclassSpec(
+        make_tensor=_not_a_tensor_factory("OptimState4bit", "AdamW4bit"), make_optimizer=_optimizer("AdamW4bit"),
+        not_applicable=_only(["optimizer_state"], _OPTIMIZER_ONLY.format(type="OptimState4bit")))),
+}
+"""name -> (the torchao object it needs, as module:attribute; how its spec is built)."""
+
+TORCHAO_SPEC_NAMES: tuple[str, ...] = tuple(_SPECS)
+
+
+def _missing(requirement: str) -> str | None:
+    """Why ``module:attribute`` cannot be imported from this torchao (None: it can)."""
+    import importlib
+
+    module_name, _, attribute = requirement.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001 - any import failure means the entry cannot run
+        return f"{module_name} cannot be imported ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+    if not hasattr(module, attribute):
+        return f"this torchao has no {module_name}.{attribute}"
+    return None
+
+
+def _torchao_version() -> str | None:
+    try:
+        import torchao
+    except Exception:  # noqa: BLE001 - not installed, or broken against this torch
+        return None
+    return str(getattr(torchao, "__version__", "unknown"))
+
+
+def unavailable_torchao_specs() -> dict[str, str]:
+    """name -> why that torchao entry is left out here (torchao missing, or this torchao lacks it)."""
+    version = _torchao_version()
+    if version is None:
+        return {name: "torchao is not installed (pip install 'subclass_ca[torchao]')" for name in _SPECS}
+    reasons = {}
+    for name, (requirement, _) in _SPECS.items():
+        problem = _missing(requirement)
+        if problem is not None:
+            reasons[name] = f"torchao {version}: {problem}"
+    return reasons
+
+
+def torchao_specs() -> dict[str, SubclassSpec]:
+    """The specs of every torchao training subclass this torchao provides (empty without torchao)."""
+    unavailable = unavailable_torchao_specs()
+    return {name: build() for name, (_, build) in _SPECS.items() if name not in unavailable}
