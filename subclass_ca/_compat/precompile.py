@@ -180,7 +180,8 @@ def is_dropped_guard(entry: Any) -> bool:
 
 
 def guard_requires_grad_swap() -> AttributeSwap:
-    """Keep ``requires_grad`` of a wrapper-subclass input in a serialized guard (inside a block).
+    """Keep ``requires_grad`` of a wrapper-subclass input in a serialized guard (inside a block); a subclass
+    input torch cannot pickle gives the recording up instead of failing the compile.
 
     torch's guards pickler rebuilds such an input from a meta copy made without it, so the
     replayed guard expects ``requires_grad=False`` for every subclass parameter and refuses
@@ -189,7 +190,16 @@ def guard_requires_grad_swap() -> AttributeSwap:
 
     def make(original: Any) -> Any:
         def reducer_override(self: Any, obj: Any) -> Any:
-            reduced = original(self, obj)
+            try:
+                reduced = original(self, obj)
+            except Exception as error:
+                if not isinstance(obj, torch.Tensor):
+                    raise
+                # torch pickles a subclass input through a meta copy (empty_like); a subclass that
+                # implements no such op (torchao's Int8QuantizedTrainingLinearWeight) failed the whole
+                # compile.  AttributeError is what torch's pickler turns into "these guards cannot be
+                # serialized": it gives the recording up and the graph compiles without one.
+                raise AttributeError(f"a guard on a {type(obj).__qualname__} input cannot be serialized: {error}") from error
             if isinstance(obj, torch.Tensor) and isinstance(reduced, tuple) and obj.requires_grad and \
                     getattr(reduced[0], "__name__", "") == "_unpickle_traceable_wrapper_subclass":
                 return _with_requires_grad, (reduced[0], reduced[1])

@@ -136,3 +136,20 @@ def test_a_spec_naming_an_unknown_scenario_as_not_applicable_is_refused():
         SubclassSpec(make_tensor=lambda dense: dense, not_applicable={"no_such": "why"})
     with pytest.raises(ValueError, match="make_module must be callable"):
         SubclassSpec(make_tensor=lambda dense: dense, make_module="not callable")  # type: ignore[arg-type]
+
+
+@pytest.mark.inductor
+def test_a_subclass_parameter_torch_cannot_pickle_for_a_kept_trace_still_compiles_on_inductor():
+    """Int8QuantizedTrainingLinearWeight implements no empty_like: torch's guard pickler (the kept trace's
+    recording, Note [Skipping Dynamo's trace of an unchanged CA graph]) failed the whole CA graph compile on
+    inductor. Now the recording is given up, the graph compiles without one, and the step matches eager."""
+    pytest.importorskip("torchao")
+    from subclass_ca._warm_start import traced
+    from subclass_ca.testing.suite import run_scenario
+
+    spec = torchao_specs.torchao_specs()["int8_quantized_training"]
+    refused = traced.stats["refused"]
+    result = run_scenario("module_swap", spec.make_tensor, subclass="int8_quantized_training", backend="inductor",
+                          make_module=spec.make_module, atol=1e-5, rtol=1e-5)
+    assert result.status == "pass", result.reason
+    assert traced.stats["refused"] > refused
