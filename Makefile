@@ -16,7 +16,7 @@ STAMP  := $(VENV)/.subclass_ca-installed
 PIP    := $(if $(filter 2.13.0,$(TORCH)),,env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null) $(PY) -m pip
 TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: setup torch-setup torch-setups demo test test-fast test-lanes lint bench bench-quick fsdp2 check versions gpu-check gpu-check-dry gpu-wheels clean
+.PHONY: setup torch-setup torch-setups demo test test-fast test-lanes lint bench bench-quick fsdp2 check torchao-matrix versions gpu-check gpu-check-dry gpu-wheels clean
 
 # the venv and its torch alone: the slow part of a set-up (a ~4 GB CUDA wheel on the public lanes), one core each,
 # and independent of the checkout, so `make -j2 torch-setups` installs every lane's torch two at a time (.ci/run)
@@ -88,6 +88,17 @@ fsdp2: $(STAMP)
 
 check: $(STAMP)
 	$(PY) -m subclass_ca check $(CHECK_ARGS)
+
+# torchao's training subclasses under subclass_ca and stock, aot_eager and inductor, on every lane (docs/torchao.md).
+# check exits 1 when a cell fails: the matrix records it (the page lists every reason), so the loop goes on.
+TORCHAO_ROWS ?= nf4,float8_training,float8_weight,int8_mixed_precision,int8_quantized_training,bitnet,optim_state_8bit,optim_state_4bit
+torchao-matrix:
+	mkdir -p build/torchao
+	set -e; for torch in $(LANES); do $(MAKE) --no-print-directory setup TORCH=$$torch; \
+	  venv=$$( [ $$torch = 2.13.0 ] && echo .venv || echo .venv-$$torch ); \
+	  OMP_NUM_THREADS=1 $$venv/bin/python -m subclass_ca check --subclass $(TORCHAO_ROWS) --backend aot_eager,inductor \
+	    --compare-stock --no-progress --json build/torchao/$$torch.json > build/torchao/$$torch.txt || true; done
+	$(PY) -m tools torchao-matrix build/torchao/*.json --out docs/torchao.md
 
 # the support table (docs/versions.md) from real runs on every lane
 versions:

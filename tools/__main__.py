@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fsdp2-cost": ("tools.fsdp2.cost", "FSDP2 backward time: compiled autograd itself vs compiling its pieces, against eager FSDP2"),
     "key-cost": ("tools.bench.key_cost", "what a behaviour key (Note [Keys by behaviour]) costs per CA graph and per forward"),
     "versions": ("tools.support.table", "support table: run one torch lane (run) or merge lanes (render)"),
+    "torchao-matrix": ("tools.support.torchao_matrix", "the torchao certification matrix (docs/torchao.md) from check --json reports"),
     "gpu-check": ("tools.gpu.check", "verify the library on one CUDA GPU (tests, demo, bench, FSDP2); --dry-run without one"),
 }
 """Command -> (module with ``main(argv)`` and ``build_parser()``, one line of help)."""

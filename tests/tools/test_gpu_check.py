@@ -275,3 +275,18 @@ def test_outcome_rejects_an_unknown_status() -> None:
         Outcome(step="x", command="x", status="ok")
     with pytest.raises(ValueError, match="expect_s <= timeout_s"):
         _step("x", "pass", expect_s=5.0, timeout_s=1.0)
+
+
+def test_the_torchao_step_is_an_extra_call_that_checks_every_torchao_row_the_kit_and_the_matrix_name() -> None:
+    import re
+
+    from subclass_ca.testing.torchao_specs import TORCHAO_SPEC_NAMES
+
+    assert gpu_check.TORCHAO_ROWS.split(",") == list(TORCHAO_SPEC_NAMES)
+    extra = gpu_check.plan(Path("/tmp/out"), wheels=Path("/tmp/no-wheels"), extra=True)
+    assert extra[-1].name == "torchao-check" and "torchao-check" not in [s.name for s in gpu_check.plan(Path("/tmp/out"))]
+    assert extra[-1].expect_s <= gpu_check.DEFAULT_BUDGET_S - gpu_check.RESERVE_S  # a second call of its own
+    summary, problems = gpu_check.check_step(extra[-1])
+    assert problems == [] and "parses its arguments" in summary
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    assert re.search(r"^TORCHAO_ROWS \?= (.*)$", makefile, re.M).group(1).split(",") == list(TORCHAO_SPEC_NAMES)

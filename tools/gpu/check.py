@@ -20,7 +20,10 @@ skipped for budget, never dropped.  The steps, cheapest and most important first
 6. ``bench``: the bench's transformer-block rows on CUDA (eager / compile / stock CA / subclass_ca, inductor);
 7. ``fsdp2``: FSDP2 on one GPU (NCCL, world 1), TwoTensor weights, bitwise against eager FSDP2;
 8. ``fsdp2-profile``: the CUDA profile of one FSDP2 backward, eager vs subclass_ca: where the
-   reduce-scatters run and how much of their kernels overlaps compute.
+   reduce-scatters run and how much of their kernels overlaps compute;
+9. ``torchao-check`` (an extra step: a second device call, ``--steps torchao-check``, since the
+   budget holds the others): ``python -m subclass_ca check`` on torchao's training subclasses,
+   CUDA and inductor, beside stock compiled autograd.
 
 Before any step but ``wheels`` and ``env`` the interpreter must have a torch subclass_ca supports
 (:mod:`subclass_ca._compat.version`: 2.11 or newer; the device's 2.11.0+cu130 is), CUDA and pytest;
@@ -196,8 +199,11 @@ def _pytest(marker: str, junit: Path) -> tuple[str, ...]:
     return ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", *workers, "-m", marker, f"--junitxml={junit}", "tests")
 
 
-def plan(out: Path, *, wheels: Path | None = None, site: Path | None = None) -> tuple[Step, ...]:
+def plan(out: Path, *, wheels: Path | None = None, site: Path | None = None, extra: bool = False) -> tuple[Step, ...]:
     """The steps, in order, writing under ``out`` (absolute paths: the steps run from the checkout).
+
+    ``extra``: also the steps that do not fit the default budget beside the others (``torchao-check``); they
+    run in a second device call that names them (``--steps torchao-check``).
 
     ``wheels``: a folder of wheels to install into ``site`` first (default ``build/gpu-check-site``); no step
     for it when it holds none.
@@ -265,6 +271,14 @@ def plan(out: Path, *, wheels: Path | None = None, site: Path | None = None) -> 
                    "--json", str(work / "fsdp2_profile.json")),
              figures=lambda: _profile_figures(work / "fsdp2_profile.json")),
     ]
+    if extra:
+        steps += [
+            Step(name="torchao-check", what="python -m subclass_ca check on torchao's training subclasses, CUDA and inductor, "
+                 "each cell beside stock compiled autograd (docs/torchao.md)", expect_s=60, timeout_s=150,
+                 argv=("-m", "subclass_ca", "check", "--subclass", TORCHAO_ROWS, "--device", "cuda", "--backend", "inductor",
+                       "--compare-stock", "--no-progress", "--json", str(work / "torchao.json")),
+                 figures=lambda: _torchao_figures(work / "torchao.json")),
+        ]
     return tuple(steps)
 
 
@@ -335,6 +349,18 @@ def _fsdp2_figures(path: Path) -> dict[str, Any]:
             same = {True: "bitwise = eager FSDP2", False: "differs from eager FSDP2", None: ""}[entry["bitwise_equal_to_eager"]]
             figures[mode] = f"{entry['median_step_ms']:.2f} ms/step {same}".strip()
     return figures
+
+
+TORCHAO_ROWS = "nf4,float8_training,float8_weight,int8_mixed_precision,int8_quantized_training,bitnet,optim_state_8bit,optim_state_4bit"
+"""The torchao rows of ``check`` (subclass_ca.testing.torchao_specs), as the Makefile's torchao-matrix names them."""
+
+
+def _torchao_figures(path: Path) -> dict[str, Any]:
+    report = json.loads(path.read_text())
+    results = report["results"]
+    return {"cells": report["summary"],
+            "beyond stock": sum(r["status"] == "pass" and r.get("stock_status") == "fail" for r in results),
+            "behind stock": sum(r.get("stock_status") == "pass" and r["status"] != "pass" for r in results)}
 
 
 def _profile_figures(path: Path) -> dict[str, Any]:
@@ -467,6 +493,15 @@ def check_step(step: Step, python: str = sys.executable, *, env: dict[str, str] 
         return _parses(step)
     if step.argv[:2] == ("-m", "pytest"):
         return _collects(step, python, step_env() if env is None else env)
+    if step.argv[:3] == ("-m", "subclass_ca", "check"):
+        from subclass_ca.testing import _cli
+
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                _cli._parser().parse_args(list(step.argv[3:]))
+        except SystemExit:
+            return "", [f"step {step.name}: `python -m subclass_ca check` rejects its arguments {list(step.argv[3:])}"]
+        return "python -m subclass_ca check parses its arguments", []
     if step.argv[:3] == ("-m", "pip", "install"):
         return _installs(step, python)
     if step.argv[0] == "-c":
@@ -772,7 +807,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     out = Path(args.out)
     site = Path(args.site) if Path(args.site).is_absolute() else ROOT / args.site
-    steps = plan(out, wheels=Path(args.wheels), site=site)
+    steps = plan(out, wheels=Path(args.wheels), site=site, extra=bool(args.steps))
     if args.steps:
         names = [name.strip() for name in args.steps.split(",") if name.strip()]
         unknown = [name for name in names if name not in {step.name for step in steps}]
