@@ -21,9 +21,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from filelock import FileLock
-
 import torch
+from filelock import FileLock
 
 import subclass_ca
 from subclass_ca import _compat

@@ -26,17 +26,17 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 # use creates.  The suite keeps its own key file out of the home folder, one per user of the
 # machine, shared by every xdist worker and every process a test starts (they inherit the
 # variable), so one worker's cold run is trusted by the others as one user's would be.
-import tempfile  # noqa: E402
+import tempfile
 
 os.environ.setdefault(
     "SUBCLASS_CA_CACHE_KEY_FILE",
     os.path.join(tempfile.gettempdir(), f"subclass_ca-tests-{getattr(os, 'getuid', lambda: 0)()}", "cache-key"),
 )
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-import subclass_ca  # noqa: E402
+import subclass_ca
 
 BACKENDS = [
     pytest.param("aot_eager", id="aot_eager"),
@@ -143,6 +143,8 @@ LANE_INDEPENDENT: dict[str, str] = {
     "tests/tools/": "the repository's tools (demo, benchmarks, support table, GPU check)",
     "tests/testing/test_kit_cli.py": "the kit's command line (the kit itself stays in)",
     "tests/testing/test_fuzz.py": "randomized models (every scenario family has direct tests that stay in)",
+    "tests/testing/test_kit_torchao.py": "torchao's rows of the kit run on the default lane (issue 54); every lane's "
+                                         "verdicts are docs/torchao.md (make torchao-matrix)",
     "tests/distributed/": "long end-to-end TP/SP runs (DTensor and FSDP2 have direct multi-process tests that stay in)",
     "tests/test_distributed.py::test_w": "the process launcher's lifecycle",
     "tests/test_distributed.py::test_hanging": "the process launcher's lifecycle",

@@ -5,9 +5,9 @@ Note [Warm start through torch's caches] in ``subclass_ca/_warm_start/cacheable.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import hashlib
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import torch

@@ -74,7 +74,7 @@ def _distributions() -> dict[str, list[str]]:
 
 def _versions(classes: Sequence[type]) -> list[str]:
     """The installed distributions (name==version) that define ``classes``; a class of none: its module's file."""
-    found = set()
+    found: set[str] = set()
     for cls in classes:
         top = (cls.__module__ or "").split(".")[0]
         if top in ("torch", "builtins"):

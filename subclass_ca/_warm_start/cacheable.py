@@ -66,9 +66,9 @@ from typing import Any
 import torch
 
 from .. import _compat
+from .._recipe import all_recipes
 from .behaviour import behaviour_keyed
 from .fingerprint import Unstable, describe, digest, package_digest
-from .._recipe import all_recipes
 
 __all__ = [
     "key_of", "compile_kwargs", "cacheable_names", "uncacheable_reasons", "cache_global_swap",
@@ -218,8 +218,8 @@ def complete_forward_entries() -> int:
     traced again by a restarted process.
     """
     with _forwards_lock:
-        pending = [_compat.pending_forward_entry(f) for f in list(_forwards) if _admitted(f)]
-        pending = [p for p in pending if p is not None]
+        found = [_compat.pending_forward_entry(f) for f in list(_forwards) if _admitted(f)]
+        pending = [p for p in found if p is not None]
     for compile_backward in pending:
         compile_backward()
     return len(pending)

@@ -112,11 +112,11 @@ def describe_class(cls: type, *, depth: int = 0, seen: frozenset[int] = frozense
     if cls.__module__.split(".")[0] in ("torch", "builtins"):
         return name  # torch's own classes change only with torch, which is part of every key
     seen = seen | {id(cls)}
-    protocol = [
-        describe_function(getattr(fn, "__func__", fn), depth=depth + 1, seen=seen)
-        if isinstance(getattr(fn, "__func__", fn), types.FunctionType) else "-"
-        for fn in (cls.__dict__.get(m) for m in ("__tensor_flatten__", "__tensor_unflatten__", "__torch_dispatch__"))
-    ]
+    protocol = []
+    for method in ("__tensor_flatten__", "__tensor_unflatten__", "__torch_dispatch__"):
+        found = cls.__dict__.get(method)
+        fn = getattr(found, "__func__", found)  # a staticmethod's or classmethod's function
+        protocol.append(describe_function(fn, depth=depth + 1, seen=seen) if isinstance(fn, types.FunctionType) else "-")
     return f"{name} [{', '.join(protocol)}]"
 
 

@@ -223,7 +223,7 @@ class TracedGraph:
         self.package = None
         if recorded is not None:
             try:
-                _compat.install_frame(recorded, self._forward.__func__.__code__, self._forward.__globals__)
+                _compat.install_frame(recorded, self._forward.__func__.__code__, self._forward.__globals__)  # type: ignore[attr-defined]  # a bound method (the graph module's forward)
                 stats["replayed"] += 1
             except Exception:  # noqa: BLE001  -- a record this torch cannot load: trace and compile as without one
                 recorded = None

@@ -32,8 +32,8 @@ import torch
 
 import subclass_ca
 
-from .scenarios import scenario_names
 from .. import _compat
+from .scenarios import scenario_names
 from .specs import ZOO_SPECS, builtin_specs
 from .suite import NOT_APPLICABLE, CheckReport, ScenarioResult, SubclassSpec, run_scenario
 from .torchao_specs import torchao_specs, unavailable_torchao_specs
@@ -241,11 +241,11 @@ def _run(args: argparse.Namespace) -> int:
         print("\n".join(f"    {line}" for line in result.reason.splitlines()))
         print(f"    reproduce: {result.reproduce}")
     if args.compare_stock:
-        for title, cells in (("subclass_ca right where stock is wrong or refuses", report.beyond_stock),
-                             ("stock passes where subclass_ca does not", report.behind_stock)):
-            print(f"{title}: {len(cells)}" + "".join(
+        for title, compared in (("subclass_ca right where stock is wrong or refuses", report.beyond_stock),
+                                ("stock passes where subclass_ca does not", report.behind_stock)):
+            print(f"{title}: {len(compared)}" + "".join(
                 f"\n    {r.subclass} / {r.scenario} [{r.backend}, {r.device}]: stock: {r.stock_reason.splitlines()[0] if r.stock_reason else r.status}"
-                for r in cells))
+                for r in compared))
     if not args.no_torchao and not chosen:
         for name, why in unavailable_torchao_specs().items():
             print(f"not certified: {name}: {why}")

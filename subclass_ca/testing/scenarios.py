@@ -353,7 +353,8 @@ def _mlp(ctx: ScenarioContext, width: int) -> torch.nn.Module:
     model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width, bias=False), torch.nn.ReLU(),
                                 torch.nn.Linear(2 * width, width, bias=False))
     with torch.no_grad():
-        for index, layer in enumerate((model[0], model[2])):
+        layers = [layer for layer in model if isinstance(layer, torch.nn.Linear)]
+        for index, layer in enumerate(layers):
             layer.weight.copy_(ctx.dense(*layer.weight.shape, offset=20 + index) / layer.weight.shape[1] ** 0.5)
     return model.to(ctx.device)
 

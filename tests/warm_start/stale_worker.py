@@ -15,7 +15,6 @@ traces replayed).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 
@@ -69,7 +68,7 @@ def main(settings: dict) -> dict:
 
         def loss_of(w, inputs):
             h = inputs @ w
-            for _ in range(depth):
+            for _ in range(depth):  # noqa: B023  -- called within this iteration only
                 h = h.tanh()
             return h.sum()
 
@@ -100,7 +99,7 @@ def main(settings: dict) -> dict:
             continue
         else:
             def step(inputs):
-                loss = loss_of(w, inputs)
+                loss = loss_of(w, inputs)  # noqa: B023  -- compiled and run within this iteration
                 loss.backward()
                 return loss.detach()
 
