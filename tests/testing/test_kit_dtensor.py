@@ -33,11 +33,13 @@ def one_rank_mesh():
 def test_dtensor_passes_the_battery_except_its_documented_torch_limitation(one_rank_mesh):
     report = check_subclass(dtensor_spec(one_rank_mesh), name="DTensor")
     report.raise_for_failures()
-    skipped = {r.scenario: r.reason for r in report.skipped}
+    needs_spec_parts = {"module_swap", "optimizer_state"}  # need make_module / make_optimizer, which this spec has not
+    assert all("the spec has no make_" in report.get(name).reason for name in needs_spec_parts)
+    skipped = {r.scenario: r.reason for r in report.skipped if r.scenario not in needs_spec_parts}
     assert set(skipped) <= set(DTENSOR_KNOWN_FAILURES) | {"hook_intermediate"}
     for reason in skipped.values():
         assert reason.startswith("known failure ("), reason
-    assert {r.scenario for r in report.passed} >= set(SCENARIOS) - set(skipped)
+    assert {r.scenario for r in report.passed} >= set(SCENARIOS) - set(skipped) - needs_spec_parts
     assert report.get("metadata_change").status == "pass"  # Replicate -> Shard(0) recompiles
     assert report.get("param_grad").subclass_nodes >= 1
 
