@@ -189,7 +189,9 @@ def read_private_file(path: str | os.PathLike[str], *, what: str) -> bytes | Non
     except FileNotFoundError:
         return None
     except OSError as error:  # ELOOP: a link where a file should be
-        raise CacheFileError(f"{what} {os.fspath(path)} cannot be opened as a plain file ({error}); delete it.") from error
+        error_type = KeyUnavailable if "key" in what else CacheFileError
+        raise error_type(f"{what} {os.fspath(path)} cannot be opened as a plain file of yours ({error}); replace it "
+                         "with the file itself.") from error
     with os.fdopen(fd, "rb") as opened:
         status = os.fstat(opened.fileno())
         problem = _mode_problem(status, what, path)

@@ -364,3 +364,18 @@ def test_a_two_rank_torchrun_job_sharing_a_key_through_the_environment_loads_one
         assert rank["artifact_bytes"] == saved["saved_bytes"] and rank["traced_graphs"] == saved["traced_graphs_saved"], rank
         assert "signed with another key" in rank["wrong_key"], rank
     assert not (tmp_path / "no-user-key").exists()  # the environment's key was used; no user key was made
+
+
+def test_a_key_file_that_is_a_link_is_refused_and_the_folder_reader_only_warns(cache_folder, monkeypatch, tmp_path):
+    target = tmp_path / "real-key"
+    target.write_text("a key of at least sixteen characters")
+    target.chmod(0o600)
+    link = tmp_path / "linked-key"
+    link.symlink_to(target)
+    monkeypatch.delenv(trust.KEY_ENV, raising=False)
+    monkeypatch.setenv(trust.KEY_FILE_ENV, str(link))
+    with pytest.raises(trust.KeyUnavailable, match="cannot be opened as a plain file"):
+        trust.resolve_key()
+    _plant(cache_folder, "graph-a", b"anything")
+    found, warned = _find_all("graph-a", "graph-a")  # a compile never fails for it: no record, one warning
+    assert found == [None, None] and len(warned) == 1 and "neither read nor written" in warned[0], warned
