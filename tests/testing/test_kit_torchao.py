@@ -7,6 +7,8 @@ differing value and the command that reproduces it, and that command fails the s
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shlex
@@ -18,17 +20,22 @@ import pytest
 from subclass_ca.testing import _cli, torchao_specs
 from subclass_ca.testing.scenarios import scenario_names
 from subclass_ca.testing.suite import CheckReport, ScenarioResult
-from tests.testing.test_kit_cli import REPO, _check
+from tests.testing.test_kit_cli import REPO
 
 TORCHAO_ROWS = ",".join(torchao_specs.TORCHAO_SPEC_NAMES)
 
 
 @pytest.fixture(scope="module")
 def torchao_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
-    """One run of every torchao row under subclass_ca and stock (aot_eager), shared by the tests below."""
+    """One run of every torchao row under subclass_ca and stock (aot_eager), shared by the tests below (in this
+    process: the command line's own entry point, its output captured)."""
     pytest.importorskip("torchao")
     out = tmp_path_factory.mktemp("torchao") / "report.json"
-    run = _check("--subclass", TORCHAO_ROWS, "--compare-stock", "--json", str(out))
+    argv = ["--subclass", TORCHAO_ROWS, "--compare-stock", "--no-progress", "--json", str(out)]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        status = _cli.main(argv)
+    run = subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
     return run, json.loads(out.read_text()) if out.exists() else {}
 
 
@@ -77,15 +84,17 @@ def test_stock_runs_every_cell_and_is_never_ahead(torchao_run):
 
 def test_a_failing_cell_names_its_first_difference_and_a_command_that_reproduces_it(tmp_path):
     out = tmp_path / "report.json"
-    run = _check("--module", "tests.testing.kit_broken", "--subclass", "scale_dropping_int8", "--scenario", "param_grad",
-                 "--no-torchao", "--json", str(out))
-    assert run.returncode == 1, run.stdout + run.stderr
-    lines = run.stdout.splitlines()
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        status = _cli.main(["--module", "tests.testing.kit_broken", "--subclass", "scale_dropping_int8", "--scenario",
+                            "param_grad", "--no-torchao", "--no-progress", "--json", str(out)])
+    assert status == 1, stdout.getvalue()
+    lines = stdout.getvalue().splitlines()
     first = next(line for line in lines if "first difference:" in line)
     assert "values differ" in first or "type" in first, first
     command = next(line for line in lines if "reproduce:" in line).split("reproduce:", 1)[1].strip()
     assert command == ("python -m subclass_ca check --module tests.testing.kit_broken --subclass scale_dropping_int8 "
-                       "--scenario param_grad --backend aot_eager --device cpu --no-progress")
+                       "--scenario param_grad --backend aot_eager --device cpu --no-progress")  # the command line's form
     cell = json.loads(out.read_text())["results"][0]
     assert cell["first_difference"] == first.split("first difference:", 1)[1].strip() and cell["reproduce"] == command
     again = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=REPO, capture_output=True, text=True, timeout=300,
