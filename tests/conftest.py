@@ -143,6 +143,8 @@ LANE_INDEPENDENT: dict[str, str] = {
     "tests/tools/": "the repository's tools (demo, benchmarks, support table, GPU check)",
     "tests/testing/test_kit_cli.py": "the kit's command line (the kit itself stays in)",
     "tests/testing/test_fuzz.py": "randomized models (every scenario family has direct tests that stay in)",
+    "tests/warm_start/test_trust.py::test_a_planted_record_never_runs_in_a_restart[own":
+        "the same refusal as its 0777 twin's restart, which stays; another key's record is refused in process on every lane",
     "tests/testing/test_kit_torchao.py": "torchao's rows of the kit run on the default lane (issue 54); every lane's "
                                          "verdicts are docs/torchao.md (make torchao-matrix)",
     "tests/distributed/": "long end-to-end TP/SP runs (DTensor and FSDP2 have direct multi-process tests that stay in)",

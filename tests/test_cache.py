@@ -56,6 +56,7 @@ def test_a_kept_trace_whose_guards_refuse_the_restart_is_traced_again(tmp_path_f
     folder, _ = shared_cold_run(tmp_path_factory, "pair-tanh", save=None)  # a cold run that kept its traces
     other = run_step(copy_cache(folder, tmp_path / "job", traces=True), threads=2)
     assert other["traced"]["replayed"] == 1 and other["ca_traces"] == 1, other
+    assert other["untrusted_warnings"] == []  # this user's own folder and record: trusted (the control of test_trust.py)
     assert_matches_eager(other)
 
 
