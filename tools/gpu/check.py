@@ -67,6 +67,7 @@ from typing import Any
 
 from subclass_ca._compat import version as torch_version
 from subclass_ca.errors import UnsupportedTorchError
+from subclass_ca.testing.torchao_specs import TORCHAO_SPEC_NAMES
 from tools import ROOT, checkout_env
 
 __all__ = [
@@ -351,8 +352,8 @@ def _fsdp2_figures(path: Path) -> dict[str, Any]:
     return figures
 
 
-TORCHAO_ROWS = "nf4,float8_training,float8_weight,int8_mixed_precision,int8_quantized_training,bitnet,optim_state_8bit,optim_state_4bit"
-"""The torchao rows of ``check`` (subclass_ca.testing.torchao_specs), as the Makefile's torchao-matrix names them."""
+TORCHAO_ROWS = ",".join(TORCHAO_SPEC_NAMES)
+"""The torchao rows of ``check``, as the kit names them (the Makefile's torchao-matrix names the same, tested)."""
 
 
 def _torchao_figures(path: Path) -> dict[str, Any]:
