@@ -25,14 +25,19 @@ from tests.warm_start.knobs_package import TYPES, write_package
 def knobs(tmp_path_factory):
     folder = write_package(tmp_path_factory.mktemp("knobs"), scale=2.0, version="1.0")
     sys.path.insert(0, str(folder))
-    behaviour._distributions.cache_clear()
+    _forget_distributions()
     import knobs.types
 
     yield knobs
     sys.path.remove(str(folder))
     for name in [m for m in sys.modules if m == "knobs" or m.startswith("knobs.")]:
         del sys.modules[name]
+    _forget_distributions()
+
+
+def _forget_distributions() -> None:
     behaviour._distributions.cache_clear()
+    behaviour._providers.cache_clear()
 
 
 def _key(cls: type) -> str:
@@ -80,6 +85,34 @@ def test_the_installed_version_of_a_subclass_package_is_in_the_key(knobs, monkey
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.9" if name == "knobs" else real(name))
     assert _key(knobs.types.FuncPair) != before
+
+
+def test_the_providers_of_a_package_are_those_of_importlibs_full_scan(knobs, tmp_path, monkeypatch):
+    """The quick lookup (one distribution read) names what ``packages_distributions()`` names: for every top-level
+    package imported here, the test package, and a namespace package two distributions share (the full scan)."""
+    for dist in ("nsknobs_a", "nsknobs_b"):  # each installs its own module into the namespace package nsknobs
+        (tmp_path / "nsknobs").mkdir(exist_ok=True)
+        (tmp_path / "nsknobs" / f"{dist}.py").write_text("VALUE = 1\n")
+        info = tmp_path / f"{dist}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+        (info / "RECORD").write_text(f"nsknobs/{dist}.py,,\n{info.name}/METADATA,,\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import nsknobs.nsknobs_a  # noqa: F401
+
+    try:
+        _forget_distributions()
+        full = importlib.metadata.packages_distributions()
+        tops = sorted(top for top in full if top in sys.modules)
+        assert {"knobs", "nsknobs", "torch", "pytest"} <= set(tops)
+        for top in tops:
+            assert set(behaviour._providers(top)) == set(full[top]), top  # the full scan may name one twice
+        assert sorted(behaviour._providers("nsknobs")) == ["nsknobs_a", "nsknobs_b"]
+        assert behaviour._versions([knobs.types.FuncPair]) == ["knobs==1.0"]
+    finally:
+        for name in [m for m in sys.modules if m == "nsknobs" or m.startswith("nsknobs.")]:
+            del sys.modules[name]
+        _forget_distributions()
 
 
 def test_two_subclass_types_that_trace_alike_have_two_keys(knobs):
