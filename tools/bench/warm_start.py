@@ -49,6 +49,15 @@ TARGETS = {
     "cold": "cold first step no worse than stock CA's on every row (subclass_ca)",
     "bitwise": "warm gradients bitwise equal to the cold run's (every mode)",
 }
+# Where a first step goes beyond torch's compile timers: wall time spent in each of these calls, summed per phase
+# (forward, backward) of the worker; a probe that no longer exists in this torch or subclass_ca is reported missing.
+_PROBES = {
+    "key": ("subclass_ca._warm_start.behaviour", "behaviour_key"),  # a key by behaviour (Note [Keys by behaviour])
+    "capture_begin": ("torch._dynamo.compiled_autograd", "AutogradCompilerInstance.begin_capture"),  # fake inputs
+    "capture_paste": ("torch._dynamo.compiled_autograd", "AutogradCompilerInstance.proxy_call_aot_backward"),
+    "capture_end": ("torch._dynamo.compiled_autograd", "AutogradCompilerInstance.end_capture"),
+    "ca_first_call": ("subclass_ca._graph", "CompiledCAGraph._first_call"),  # key, compile or replay, first run
+}
 # compile timers (torch._dynamo.utils.compilation_time_metrics) that split a first step
 _TIMERS = {
     "dynamo": "_compile.compile_inner",
@@ -91,6 +100,48 @@ def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float
     return {k: round(after[k] - before[k], 4) for k in after}
 
 
+class _Probes:
+    """Wall time inside each :data:`_PROBES` call (outermost calls only), by name."""
+
+    def __init__(self) -> None:
+        import importlib
+
+        self.seconds: dict[str, float] = dict.fromkeys(_PROBES, 0.0)
+        self.missing: list[str] = []
+        self._depth: dict[str, int] = dict.fromkeys(_PROBES, 0)
+        for name, (module_name, path) in _PROBES.items():
+            owner: Any = importlib.import_module(module_name)
+            *outer, attr = path.split(".")
+            try:
+                for part in outer:
+                    owner = getattr(owner, part)
+                setattr(owner, attr, self._timed(name, getattr(owner, attr)))
+            except AttributeError:
+                self.missing.append(f"{module_name}:{path}")
+
+    def _timed(self, name: str, function: Any) -> Any:
+        import functools
+
+        @functools.wraps(function)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self._depth[name] += 1
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._depth[name] -= 1
+                if not self._depth[name]:
+                    self.seconds[name] += time.perf_counter() - start
+
+        return timed
+
+    def take(self) -> dict[str, float]:
+        """The seconds since the last take, rounded, and zeroed."""
+        taken = {name: round(value, 4) for name, value in self.seconds.items()}
+        self.seconds = dict.fromkeys(_PROBES, 0.0)
+        return taken
+
+
 def _inner(t: Any) -> list[Any]:
     if t is None:
         return []
@@ -109,6 +160,7 @@ def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str,
     from tools.bench import models as bench_models
 
     import_s = time.time() - launched_at  # interpreter start and `import torch, subclass_ca`
+    probes = _Probes()
     imported = time.perf_counter()
     torch.set_num_threads(1)
     work = bench_models.build(model, "small", "cpu", tag="warm_start")
@@ -131,10 +183,12 @@ def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str,
     with block:
         loss = step(work.params, *work.inputs)
     forwarded = time.perf_counter()
+    parts_fwd = probes.take()
     timers_fwd, counters_fwd = _timers(), _compat.cache_counters()
     traces_fwd = _compat.unique_graph_count()
     backward(loss)
     backwarded = time.perf_counter()
+    parts_bwd = probes.take()
     timers_bwd, counters_bwd = _timers(), _compat.cache_counters()
     from subclass_ca._warm_start import traced
 
@@ -165,6 +219,7 @@ def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str,
         "steady_step_s": round(statistics.median(steady), 5),
         "forward_timers": _delta(timers_fwd, {k: 0.0 for k in timers_fwd}),
         "backward_timers": _delta(timers_bwd, timers_fwd),
+        "forward_parts": parts_fwd, "backward_parts": parts_bwd, "probes_missing": probes.missing,
         "forward_counters": counters_fwd,
         "backward_counters": {k: counters_bwd[k] - counters_fwd[k] for k in counters_bwd},
         "backward_dynamo_traces": backward_traces,
@@ -278,6 +333,8 @@ def _row(key: str, entry: dict[str, Any]) -> dict[str, Any]:
         row[f"warm_{part}"] = _median([s[part] for s in warm])
     for phase in ("forward_timers", "backward_timers"):
         row[f"warm_{phase}"] = {k: _median([s[phase][k] for s in warm]) for k in _TIMERS} if warm else {}
+    for phase in ("forward_parts", "backward_parts"):
+        row[f"warm_{phase}"] = {k: _median([s[phase][k] for s in warm if phase in s]) for k in _PROBES} if warm else {}
     row["warm_backward_counters"] = warm[-1]["backward_counters"] if warm else {}
     row["warm_backward_dynamo_traces"] = warm[-1].get("backward_dynamo_traces") if warm else None
     row["warm_backward_replayed"] = warm[-1].get("backward_replayed") if warm else None
@@ -405,6 +462,7 @@ def markdown_section(results: dict[str, Any], *, command: str | None = None) -> 
             out[-1] = (f"| {r['model']} | {r['mode']} | {r['cold_first_step_s']:.2f} s | {r['first_restart_s']:.2f} s | "
                        f"{r['warm_first_step_s']:.2f} s ({r['warm_spread_s'][0]:.2f}-{r['warm_spread_s'][1]:.2f}) | — | — | — | — | — | "
                        f"{hits} | {'yes' if r['bitwise'] else 'NO'} | {save} |")
+    out += _parts_table(results["rows"])
     out += ["", "The FSDP2 row times rank 0's whole first step (forward, backward, reduce-scatters, optimizer) on "
             f"{FSDP2_NPROC} gloo processes; its stock_ca row is timed but trains wrong (stock compiled autograd leaves "
             "FSDP2 unsharded, docs/distributed.md).", "", "Targets (issue 34):", ""]
@@ -415,6 +473,32 @@ def markdown_section(results: dict[str, Any], *, command: str | None = None) -> 
         out.append("")
         out += [f"- not run: {m} ({why})" for m, why in results["skipped"].items()]
     return "\n".join(out) + "\n"
+
+
+def _parts_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Where the later restarts' first step goes, by phase (medians of the probes, :data:`_PROBES`)."""
+    out = ["", "Where the later restarts' first step goes (medians, seconds). *Forward key*: keys by behaviour of "
+           "forwards with wrapper-subclass inputs compiled in the block. *CA capture*: compiled autograd walking the "
+           "autograd graph and tracing it into the CA graph (fake inputs, pasting each AOT backward, the rest) — the "
+           "backward up to subclass_ca's first call of the captured graph. *CA graph key*: its key by behaviour (the "
+           "kept-trace lookup needs it). *Replay + run*: finding and installing the kept trace (or compiling), and the "
+           "first run.", "",
+           "| model | mode | first step | forward | of which forward key | backward | CA capture | of which fake inputs "
+           "/ paste / end | CA graph key | replay + run |",
+           "|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for r in rows:
+        fwd, bwd = r.get("warm_forward_parts") or {}, r.get("warm_backward_parts") or {}
+        if r["errors"] or r["model"].startswith("fsdp2") or not bwd or r["warm_backward_s"] is None:
+            continue
+        first_call = bwd.get("ca_first_call") or 0.0
+        capture = r["warm_backward_s"] - first_call if first_call else None
+        inside = " / ".join(f"{bwd.get(k) or 0:.3f}" for k in ("capture_begin", "capture_paste", "capture_end"))
+        key = bwd.get("key") or 0.0
+        out.append(
+            f"| {r['model']} | {r['mode']} | {r['warm_first_step_s']:.3f} | {r['warm_forward_s']:.3f} | {fwd.get('key') or 0:.3f} | "
+            f"{r['warm_backward_s']:.3f} | {'—' if capture is None else f'{capture:.3f}'} | "
+            f"{inside if r['mode'] != 'compile' else '—'} | {key:.3f} | {f'{first_call - key:.3f}' if first_call else '—'} |")
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
