@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fsdp2": ("tools.fsdp2.parity", "FSDP2 (fully_shard) on N processes: each mode vs eager FSDP2 and a dense run"),
     "fsdp2-profile": ("tools.fsdp2.profiling", "FSDP2 backward under torch.profiler: where the reduce-scatters run, eager vs subclass_ca"),
     "fsdp2-cost": ("tools.fsdp2.cost", "FSDP2 backward time: compiled autograd itself vs compiling its pieces, against eager FSDP2"),
+    "warm-start": ("tools.bench.warm_start", "the first step of a fresh process, cold and restarted, and where it goes"),
     "key-cost": ("tools.bench.key_cost", "what a behaviour key (Note [Keys by behaviour]) costs per CA graph and per forward"),
     "versions": ("tools.support.table", "support table: run one torch lane (run) or merge lanes (render)"),
     "torchao-matrix": ("tools.support.torchao_matrix", "the torchao certification matrix (docs/torchao.md) from check --json reports"),

@@ -62,6 +62,15 @@ def test_a_real_cold_and_warm_process_on_aot_eager_end_to_end():
     assert row["warm_first_step_s"] > 0 and row["cold_first_step_s"] > 0
     section = ws.markdown_section(results, command="python -m tools bench --warm-start")
     assert "| pair | subclass_ca |" in section and "bench --warm-start" in section
+    # where the first step goes: every probe still names a function of this torch and subclass_ca, and the
+    # backward's parts are inside it (its capture fakes the inputs; on aot_eager no persistent cache serves a graph,
+    # so nothing gets a key by behaviour)
+    sample = results["samples"]["pair/subclass_ca"]["warm"][0]
+    assert sample["probes_missing"] == []
+    parts = sample["backward_parts"]
+    assert 0 < parts["capture_begin"] < sample["backward_s"] and 0 < parts["ca_first_call"] < sample["backward_s"]
+    assert parts["key"] == 0 and sample["forward_parts"]["key"] == 0
+    assert "| pair | subclass_ca | " in section.split("Where the later restarts' first step goes")[1]
 
 
 @pytest.mark.distributed

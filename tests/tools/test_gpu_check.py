@@ -290,3 +290,17 @@ def test_the_torchao_step_is_an_extra_call_that_checks_every_torchao_row_the_kit
     assert problems == [] and "parses its arguments" in summary
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     assert re.search(r"^TORCHAO_ROWS \?= (.*)$", makefile, re.M).group(1).split(",") == list(TORCHAO_SPEC_NAMES)
+
+
+def test_the_warm_start_row_is_an_extra_step_that_parses_with_the_benchs_own_parser() -> None:
+    """Issue 53: the first lent device measures the warm restart (its L = 32 row is the ``depth`` step)."""
+    extra = gpu_check.plan(Path("/tmp/out"), wheels=Path("/tmp/no-wheels"), extra=True)
+    step = next(s for s in extra if s.name == "warm-start")
+    assert "warm-start" not in [s.name for s in gpu_check.plan(Path("/tmp/out"))]
+    assert "--device" in step.argv and step.argv[step.argv.index("--device") + 1] == "cuda"
+    assert step.expect_s <= gpu_check.DEFAULT_BUDGET_S - gpu_check.RESERVE_S
+    summary, problems = gpu_check.check_step(step)
+    assert problems == [] and "own parser" in summary
+    broken = dataclasses.replace(step, argv=(*step.argv, "--models", "fsdp2_two_tensor"))
+    _, problems = gpu_check.check_step(broken)
+    assert len(problems) == 1 and "FSDP2 row runs on gloo" in problems[0]

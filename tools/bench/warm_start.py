@@ -28,7 +28,7 @@ from tools.common.report import as_json as to_json
 from tools.common.report import command_of, verdict_lines
 
 __all__ = ["WarmStartBench", "MODES", "MODELS", "TARGETS", "bench", "markdown_section", "format_summary", "to_json",
-           "build_parser", "main"]
+           "build_parser", "settings_from_args", "main"]
 
 MODES = ("compile", "stock_ca", "subclass_ca", "subclass_ca_saved")
 """``subclass_ca_saved``: subclass_ca whose every process calls ``subclass_ca.save_cache()`` after its steps (timed apart)."""
@@ -75,6 +75,7 @@ class WarmStartBench:
     modes: tuple[str, ...] = MODES
     warm_reps: int = 3
     backend: str = "inductor"
+    device: str = "cpu"
     timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
@@ -84,6 +85,10 @@ class WarmStartBench:
                 raise ValueError(f"WarmStartBench.{name}: got {list(values)}, allowed values are {list(allowed)}")
         if self.warm_reps < 1:
             raise ValueError(f"WarmStartBench.warm_reps must be >= 1, got {self.warm_reps}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"WarmStartBench.device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.device == "cuda" and any(m.startswith("fsdp2") for m in self.models):
+            raise ValueError("WarmStartBench: the FSDP2 row runs on gloo (CPU) only; leave it out with --device cuda")
 
 
 # --- one fresh process -------------------------------------------------------------------
@@ -151,7 +156,7 @@ def _inner(t: Any) -> list[Any]:
     return [x for name in names for x in _inner(getattr(t, name))]
 
 
-def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str, Any]:
+def worker(model: str, mode: str, backend: str, launched_at: float, device: str = "cpu") -> dict[str, Any]:
     """Time the first step of this fresh process (and a few steady steps) in ``mode``; ``launched_at``: ``time.time()`` at launch."""
     import torch
 
@@ -163,7 +168,13 @@ def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str,
     probes = _Probes()
     imported = time.perf_counter()
     torch.set_num_threads(1)
-    work = bench_models.build(model, "small", "cpu", tag="warm_start")
+    work = bench_models.build(model, "small", device, tag="warm_start")
+
+    def now() -> float:  # a CUDA step's time is its kernels' too
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     step = torch.compile(work.forward, backend=backend)
 
     def backward(loss: torch.Tensor) -> None:
@@ -179,15 +190,15 @@ def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str,
     # subclass_ca's modes run the step inside one block, forward included, as the README shows: a forward with
     # subclass inputs compiled there gets a key by behaviour, so save_cache() writes its entry (Note [Keys by behaviour])
     block = subclass_ca.enable(backend=backend) if mode.startswith("subclass_ca") else contextlib.nullcontext()
-    built = time.perf_counter()
+    built = now()
     with block:
         loss = step(work.params, *work.inputs)
-    forwarded = time.perf_counter()
+    forwarded = now()
     parts_fwd = probes.take()
     timers_fwd, counters_fwd = _timers(), _compat.cache_counters()
     traces_fwd = _compat.unique_graph_count()
     backward(loss)
-    backwarded = time.perf_counter()
+    backwarded = now()
     parts_bwd = probes.take()
     timers_bwd, counters_bwd = _timers(), _compat.cache_counters()
     from subclass_ca._warm_start import traced
@@ -196,13 +207,13 @@ def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str,
     hasher = hashlib.sha256()
     for p in work.params:
         for t in _inner(p.grad):
-            hasher.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+            hasher.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     steady = []
     for _ in range(5):
         work.zero_grad()
-        start = time.perf_counter()
+        start = now()
         backward(step(work.params, *work.inputs))
-        steady.append(time.perf_counter() - start)
+        steady.append(now() - start)
     save_s = None
     if mode == "subclass_ca_saved":
         start = time.perf_counter()
@@ -225,7 +236,7 @@ def worker(model: str, mode: str, backend: str, launched_at: float) -> dict[str,
         "backward_dynamo_traces": backward_traces,
         "backward_replayed": replayed,
         "grad_digest": hasher.hexdigest()[:16],
-        "torch": str(torch.__version__),
+        "torch": str(torch.__version__), "device": device,
     }
 
 
@@ -264,7 +275,7 @@ def fsdp2_worker(rank: int, world_size: int, mode: str, backend: str) -> dict[st
 # --- the driver --------------------------------------------------------------------------
 
 
-def _sample(model: str, mode: str, backend: str, cache_dir: str, timeout_s: float) -> dict[str, Any]:
+def _sample(model: str, mode: str, backend: str, cache_dir: str, timeout_s: float, device: str = "cpu") -> dict[str, Any]:
     if model.startswith("fsdp2"):
         from subclass_ca.distributed import WorkerError, run_workers
 
@@ -275,7 +286,7 @@ def _sample(model: str, mode: str, backend: str, cache_dir: str, timeout_s: floa
             return {"model": model, "mode": mode, "error": [str(error).splitlines()[0]]}
         return ranks[0]
     env = checkout_env({**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir, "OMP_NUM_THREADS": "1"})
-    args = [sys.executable, "-m", "tools.bench.warm_start", "--worker", json.dumps([model, mode, backend, time.time()])]
+    args = [sys.executable, "-m", "tools.bench.warm_start", "--worker", json.dumps([model, mode, backend, time.time(), device])]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         return {"model": model, "mode": mode, "error": done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]}
@@ -292,12 +303,14 @@ def bench(settings: WarmStartBench, *, progress: Any = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="subclass_ca-warm-") as root:
         folders = {(m, mode): os.path.join(root, f"{m}-{mode}") for m in models for mode in settings.modes}
         for (model, mode), folder in folders.items():
-            samples[f"{model}/{mode}"] = {"cold": _sample(model, mode, settings.backend, folder, settings.timeout_s), "warm": []}
+            samples[f"{model}/{mode}"] = {"cold": _sample(model, mode, settings.backend, folder, settings.timeout_s,
+                                                          settings.device), "warm": []}
             if progress:
                 progress(f"{model}/{mode} cold")
         for rep in range(settings.warm_reps):
             for (model, mode), folder in folders.items():
-                samples[f"{model}/{mode}"]["warm"].append(_sample(model, mode, settings.backend, folder, settings.timeout_s))
+                samples[f"{model}/{mode}"]["warm"].append(_sample(model, mode, settings.backend, folder, settings.timeout_s,
+                                                                  settings.device))
                 if progress:
                     progress(f"{model}/{mode} warm {rep + 1}")
     rows = [_row(key, entry) for key, entry in samples.items()]
@@ -508,17 +521,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--warm-reps", type=int, default=3)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--json", help="write the results here")
     return parser
+
+
+def settings_from_args(argv: list[str]) -> WarmStartBench:
+    """The settings ``argv`` asks for, validated (the GPU check's dry run parses its step with this)."""
+    args = build_parser().parse_args(argv)
+    return WarmStartBench(models=tuple(args.models), modes=tuple(args.modes), warm_reps=args.warm_reps, device=args.device)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
-        model, mode, backend, launched_at = json.loads(args.worker)
-        print(json.dumps(worker(model, mode, backend, launched_at)))
+        model, mode, backend, launched_at, device = json.loads(args.worker)
+        print(json.dumps(worker(model, mode, backend, launched_at, device)))
         return 0
-    results = bench(WarmStartBench(models=tuple(args.models), modes=tuple(args.modes), warm_reps=args.warm_reps),
+    results = bench(settings_from_args(list(sys.argv[1:] if argv is None else argv)),
                     progress=lambda what: print(f"  done: {what}", file=sys.stderr))
     print(format_summary(results))
     if args.json:

@@ -21,9 +21,11 @@ skipped for budget, never dropped.  The steps, cheapest and most important first
 7. ``fsdp2``: FSDP2 on one GPU (NCCL, world 1), TwoTensor weights, bitwise against eager FSDP2;
 8. ``fsdp2-profile``: the CUDA profile of one FSDP2 backward, eager vs subclass_ca: where the
    reduce-scatters run and how much of their kernels overlaps compute;
-9. ``torchao-check`` (an extra step: a second device call, ``--steps torchao-check``, since the
-   budget holds the others): ``python -m subclass_ca check`` on torchao's training subclasses,
-   CUDA and inductor, beside stock compiled autograd.
+9. ``warm-start`` and ``torchao-check`` (extra steps: a second device call, ``--steps
+   warm-start,torchao-check``, since the budget holds the others): the warm-start bench's TwoTensor MLP
+   row on CUDA (first step of a fresh process, cold and restarted after ``save_cache()``, compile-only
+   vs subclass_ca, with where it goes), and ``python -m subclass_ca check`` on torchao's training
+   subclasses, CUDA and inductor, beside stock compiled autograd.
 
 Before any step but ``wheels`` and ``env`` the interpreter must have a torch subclass_ca supports
 (:mod:`subclass_ca._compat.version`: 2.11 or newer; the device's 2.11.0+cu130 is), CUDA and pytest;
@@ -204,7 +206,7 @@ def plan(out: Path, *, wheels: Path | None = None, site: Path | None = None, ext
     """The steps, in order, writing under ``out`` (absolute paths: the steps run from the checkout).
 
     ``extra``: also the steps that do not fit the default budget beside the others (``torchao-check``); they
-    run in a second device call that names them (``--steps torchao-check``).
+    run in a second device call that names them (``--steps warm-start,torchao-check``).
 
     ``wheels``: a folder of wheels to install into ``site`` first (default ``build/gpu-check-site``); no step
     for it when it holds none.
@@ -274,6 +276,12 @@ def plan(out: Path, *, wheels: Path | None = None, site: Path | None = None, ext
     ]
     if extra:
         steps += [
+            Step(name="warm-start", what="the warm-start bench's TwoTensor MLP row on CUDA (inductor): the first step of a "
+                 "fresh process, cold and restarted after save_cache(), compile-only vs subclass_ca, and where it goes",
+                 expect_s=100, timeout_s=240,
+                 argv=(*tools, "warm-start", "--device", "cuda", "--models", "pair", "--modes", "compile",
+                       "subclass_ca_saved", "--warm-reps", "2", "--json", str(work / "warm_start.json")),
+                 figures=lambda: _warm_start_figures(work / "warm_start.json")),
             Step(name="torchao-check", what="python -m subclass_ca check on torchao's training subclasses, CUDA and inductor, "
                  "each cell beside stock compiled autograd (docs/torchao.md)", expect_s=60, timeout_s=150,
                  argv=("-m", "subclass_ca", "check", "--subclass", TORCHAO_ROWS, "--device", "cuda", "--backend", "inductor",
@@ -356,6 +364,18 @@ TORCHAO_ROWS = ",".join(TORCHAO_SPEC_NAMES)
 """The torchao rows of ``check``, as the kit names them (the Makefile's torchao-matrix names the same, tested)."""
 
 
+def _warm_start_figures(path: Path) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    for row in json.loads(path.read_text())["rows"]:
+        name = f"{row['model']}/{row['mode']}"
+        if row["errors"]:
+            figures[name] = str(row["errors"][0])[:80]
+        else:
+            figures[name] = (f"cold {row['cold_first_step_s']:.2f} s, restarted {row['warm_first_step_s']:.2f} s "
+                             f"(backward {row['warm_backward_s']:.3f} s), warm = cold bitwise: {row['bitwise']}")
+    return figures
+
+
 def _torchao_figures(path: Path) -> dict[str, Any]:
     report = json.loads(path.read_text())
     results = report["results"]
@@ -395,6 +415,12 @@ def _depth_args(args: list[str]) -> None:
     bench_depth.settings_from_args(args)
 
 
+def _warm_start_args(args: list[str]) -> None:
+    from tools.bench import warm_start
+
+    warm_start.settings_from_args(args)
+
+
 def _fsdp2_args(args: list[str]) -> None:
     from tools.fsdp2 import parity as fsdp2_parity
 
@@ -410,6 +436,7 @@ def _profile_args(args: list[str]) -> None:
 
 VALIDATORS: dict[str, Callable[[list[str]], None]] = {
     "demo": _demo_args, "bench": _bench_args, "depth": _depth_args, "fsdp2": _fsdp2_args, "fsdp2-profile": _profile_args,
+    "warm-start": _warm_start_args,
 }
 """Command of ``python -m tools`` -> parses (and validates, without running) its arguments with that command's own parser."""
 
