@@ -71,9 +71,11 @@ class CACompiler:
         return self._factory
 
     def _capture(self, graph_module: torch.fx.GraphModule) -> Any:
-        steal_subclass_accumulates(graph_module)  # Note [Subclass gradients and AccumulateGrad]
-        if not self._raw:  # a caller's own compiler sees the graph as torch gave it
-            canonical_form(graph_module)  # Note [One CA graph for fresh and cached forwards]
+        # Note [Subclass gradients and AccumulateGrad]; the graph's code is generated once for both rewrites
+        stolen = steal_subclass_accumulates(graph_module, recompile=self._raw)
+        # Note [One CA graph for fresh and cached forwards]; a caller's own compiler sees the graph as torch gave it
+        if not self._raw and not canonical_form(graph_module) and stolen:
+            graph_module.recompile()
         nodes = subclass_nodes(graph_module.graph)
         config = self.subclass_ca_config
         fullgraph = config.fullgraph and not any(mode_of(node) == "opaque" for node in nodes)
