@@ -372,15 +372,19 @@ def regional_graph(
     if sinks:
         graph_module.recompile()  # the whole graph stays runnable as is (recovery, regional=False) with its sinks moved
     piece = _partitions(graph, sinks)
-    top = split_module(graph_module, graph_module, lambda node: piece[node], keep_original_order=True)  # root_m: unused by torch
+    with _compat.deferred_codegen():  # each module's code is generated once, below (split_module would do it twice)
+        top = split_module(graph_module, graph_module, lambda node: piece[node], keep_original_order=True)  # root_m: unused
     modules = {int(name.rsplit("_", 1)[1]): (name, cast(torch.fx.GraphModule, module)) for name, module in top.named_children()}
     identities = {number: piece_identity(module) for number, (_, module) in modules.items() if number >= _FIRST_REGION}
     if len(set(identities.values())) == len(identities):
         return None  # nothing repeats: one graph compiles and fuses best
     slots = []
+    for name, module in modules.values():
+        delattr(top, name)  # a plain attribute below: the top level's generated code calls self.<name>(...)
+        _compat.generate_code(module)
+    _compat.generate_code(top)  # with no GraphModule children left, only its own code
     regional = RegionalGraph(top, [], compile_piece, report)
     for number, (name, module) in modules.items():
-        delattr(top, name)  # a plain attribute: the top level's generated code calls self.<name>(...)
         if number == _READS:
             names = [node.name for node in module.graph.nodes if node.op == "placeholder"]
             object.__setattr__(top, name, _reads_then_release(module.forward, names.index("inputs") if "inputs" in names else None))

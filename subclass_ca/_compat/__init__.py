@@ -181,7 +181,7 @@ from .precompile import (
     recorded_frame,
     recording_bypassed,
 )
-from .tracing import DesugaredTrace, SymbolicInputs, is_fake, trace_desugared
+from .tracing import LAZY_GRAPH_MODULES, DesugaredTrace, SymbolicInputs, deferred_codegen, generate_code, is_fake, trace_desugared
 from .version import SUPPORTED_TORCH, TESTED_TORCH, TORCH_VERSION
 from .workarounds import (
     WORKAROUNDS,
@@ -192,7 +192,7 @@ from .workarounds import (
     needed_workarounds,
 )
 
-__all__ = [  # the facade: every name the rest of the package uses (re-exports from the area modules, and this module's own)
+__all__ = [
     "accumulate",
     "accumulate_dummy_swap",
     "accumulate_grad_is_functional",
@@ -252,6 +252,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "ddp_supported",
     "deactivate",
     "default_stance",
+    "deferred_codegen",
     "DesugaredTrace",
     "dynamo_config_snapshot",
     "dynamo_counters",
@@ -288,6 +289,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "fsdp2_unfinished",
     "functorch_config_snapshot",
     "gated",
+    "generate_code",
     "GENERATED_DIAGNOSTIC_GLOBALS",
     "global_state_guard",
     "grad_dtype_of",
@@ -312,6 +314,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "is_stock_make_subclass",
     "is_traceable_wrapper_subclass",
     "is_traceable_wrapper_subclass_type",
+    "LAZY_GRAPH_MODULES",
     "load_cache_artifacts",
     "marked_cacheable_functions",
     "MARKED_CACHEABLE_OPTION",
@@ -415,6 +418,10 @@ FEATURES: dict[str, str | tuple[str, ...]] = {
 (any one present suffices; the code using them detects which, e.g. ``aot_autograd.epilogue_style()``)."""
 
 OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
+    "lazy FX graph modules": (
+        tracing.LAZY_GRAPH_MODULES,
+        "regional pieces generate their code twice when the graph is cut (a slower first backward)",
+    ),
     "AccumulateGrad placeholder allocation": (
         compiled_autograd.COMPILER_INSTANCE + ".allocate_dummy_like",
         "none: torch without it gives a capture no placeholder .grad (AccumulateGrad assigns .grad in the graph)",
