@@ -181,7 +181,16 @@ from .precompile import (
     recorded_frame,
     recording_bypassed,
 )
-from .tracing import LAZY_GRAPH_MODULES, DesugaredTrace, SymbolicInputs, deferred_codegen, generate_code, is_fake, trace_desugared
+from .tracing import (
+    LAZY_GRAPH_MODULES,
+    DesugaredTrace,
+    SymbolicInputs,
+    deferred_codegen,
+    generate_code,
+    is_fake,
+    split_defers_codegen,
+    trace_desugared,
+)
 from .version import SUPPORTED_TORCH, TESTED_TORCH, TORCH_VERSION
 from .workarounds import (
     WORKAROUNDS,
@@ -356,6 +365,7 @@ __all__ = [
     "stock_ca_compiler",
     "Swap",
     "swapped_epilogue",
+    "split_defers_codegen",
     "SymbolicInputs",
     "to_cpp_reducer",
     "to_proxy",

@@ -6,6 +6,7 @@ Note [Keys by behaviour] in ``subclass_ca/_warm_start/behaviour.py`` says why; t
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
     from .dynamo import TraceableWrapper
 
-__all__ = ["LAZY_GRAPH_MODULES", "deferred_codegen", "generate_code", "DesugaredTrace", "trace_desugared", "SymbolicInputs", "is_fake"]
+__all__ = ["LAZY_GRAPH_MODULES", "deferred_codegen", "generate_code", "split_defers_codegen", "DesugaredTrace", "trace_desugared", "SymbolicInputs", "is_fake"]
 
 
 class SymbolicInputs(Exception):
@@ -154,3 +155,20 @@ def generate_code(graph_module: torch.fx.GraphModule) -> None:
     generate = getattr(graph_module, "real_recompile", None)
     if generate is not None:
         generate()
+
+
+@functools.cache
+def split_defers_codegen() -> bool:
+    """Whether ``split_module`` under :func:`deferred_codegen` leaves its modules' code to :func:`generate_code`.
+
+    torch 2.12 and later make them with torch's lazy GraphModules; 2.11 makes plain ones, which generate
+    their code when made (and the top level its children's again).
+    """
+    from torch.fx.passes.split_module import split_module
+
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(torch.neg, (graph.placeholder("x"),)))
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    with deferred_codegen():
+        top = split_module(module, module, lambda node: 0)
+    return all(hasattr(part, "real_recompile") for part in (top, *top.children()))
