@@ -490,6 +490,8 @@ def markdown_section(results: dict[str, Any], *, command: str | None = None) -> 
 
 def _parts_table(rows: list[dict[str, Any]]) -> list[str]:
     """Where the later restarts' first step goes, by phase (medians of the probes, :data:`_PROBES`)."""
+    if not any(any(v is not None for v in (r.get("warm_backward_parts") or {}).values()) for r in rows):
+        return []
     out = ["", "Where the later restarts' first step goes (medians, seconds). *Forward key*: keys by behaviour of "
            "forwards with wrapper-subclass inputs compiled in the block. *CA capture*: compiled autograd walking the "
            "autograd graph and tracing it into the CA graph (fake inputs, pasting each AOT backward, the rest) — the "
@@ -501,8 +503,8 @@ def _parts_table(rows: list[dict[str, Any]]) -> list[str]:
            "|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         fwd, bwd = r.get("warm_forward_parts") or {}, r.get("warm_backward_parts") or {}
-        if r["errors"] or r["model"].startswith("fsdp2") or not bwd or r["warm_backward_s"] is None:
-            continue
+        if r["errors"] or r["model"].startswith("fsdp2") or r["warm_backward_s"] is None or all(v is None for v in bwd.values()):
+            continue  # no phases (an FSDP2 row times a whole step; results from before the probes have none)
         first_call = bwd.get("ca_first_call") or 0.0
         capture = r["warm_backward_s"] - first_call if first_call else None
         inside = " / ".join(f"{bwd.get(k) or 0:.3f}" for k in ("capture_begin", "capture_paste", "capture_end"))
