@@ -133,8 +133,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # runs whose subject (DTensor, FSDP2, TP) has direct tests that stay in.
 # ``SUBCLASS_CA_SUITE=lane`` selects it (``make test SUITE=lane``); each deselection below names
 # its reason, and ``-rA`` style summaries show "deselected" counts, never skips.  A test under a
-# deselected path that does depend on the lane's torch is kept by name in LANE_KEPT, with its reason
-# (the GPU check's dry run: the lent GPU device's only torch is a lane's release, 2.11).
+# deselected path that does depend on the lane's torch is kept by name in LANE_KEPT on the lane it depends on,
+# with its reason (the GPU check's dry run, on 2.11: the lent GPU device's only torch).
 
 LANE_INDEPENDENT: dict[str, str] = {
     "tests/test_import_rules.py": "static source rules",
@@ -154,11 +154,11 @@ LANE_INDEPENDENT: dict[str, str] = {
 }
 """Path (or path::name prefix) -> why it is not part of the lane suite (Note [The lane suite])."""
 
-LANE_KEPT: dict[str, str] = {
-    "tests/tools/test_gpu_check.py::test_dry_run_of_the_device_invocation":
-        "the GPU device runs the check on torch 2.11 (its only torch): its dry run must pass on that lane's torch",
+LANE_KEPT: dict[str, tuple[str, str]] = {
+    "tests/tools/test_gpu_check.py::test_dry_run_of_the_device_invocation": (
+        "2.11.", "the GPU device runs the check on torch 2.11 (its only torch): its dry run must pass on that lane's torch"),
 }
-"""Path::name prefix under a LANE_INDEPENDENT path -> why the lane suite keeps it all the same."""
+"""Path::name prefix under a LANE_INDEPENDENT path -> (the torch release whose lane keeps it, why)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -169,10 +169,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(f"SUBCLASS_CA_SUITE={suite!r}: use 'full' (the default) or 'lane'")
     if suite == "full":
         return
+    import torch
+
+    kept_here = [prefix for prefix, (release, _) in LANE_KEPT.items() if torch.__version__.startswith(release)]
     kept, dropped = [], []
     for item in items:
         independent = any(item.nodeid.startswith(prefix) for prefix in LANE_INDEPENDENT)
-        (dropped if independent and not any(item.nodeid.startswith(prefix) for prefix in LANE_KEPT) else kept).append(item)
+        (dropped if independent and not any(item.nodeid.startswith(prefix) for prefix in kept_here) else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
