@@ -78,6 +78,8 @@ def test_the_command_line_gives_the_gpu_checks_row():
                                               modes=("compile", "subclass_ca"), target_reps=1, whole_depth=0, steady=5)
     with pytest.raises(SystemExit):
         bench_depth.settings_from_args(["--models", "mlp"])
+    several = bench_depth.settings_from_args(["--depths", "8", "64", "--whole-depth", "8", "64"])
+    assert several.whole_depth == (8, 64)  # issue 53: regional against whole at every depth of the sweep
 
 
 def test_the_gpu_checks_depth_step_reports_the_ratios(tmp_path):

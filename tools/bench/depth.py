@@ -54,8 +54,8 @@ class DepthBench:
     """Fresh-process samples per (model, depth, mode)."""
     target_reps: int = 2
     """Samples at the target depth (32), for its ratio's spread."""
-    whole_depth: int = 32
-    """Depth of the ``subclass_ca_whole`` reference sample (0: none)."""
+    whole_depth: int | tuple[int, ...] = 32
+    """Depth(s) of the ``subclass_ca_whole`` reference sample (0: none)."""
     steady: int = 15
     batch: int = 8
     dim: int = 64
@@ -228,7 +228,8 @@ def bench(settings: DepthBench | None = None, *, progress: Any = None) -> dict[s
         for depth in settings.depths:
             reps = max(settings.reps, settings.target_reps if depth == 32 else 1)
             for rep in range(reps):
-                modes = list(settings.modes) + (["subclass_ca_whole"] if depth == settings.whole_depth and rep == 0 else [])
+                wholes = (settings.whole_depth,) if isinstance(settings.whole_depth, int) else settings.whole_depth
+                modes = list(settings.modes) + (["subclass_ca_whole"] if depth in wholes and rep == 0 else [])
                 for mode in modes if (rep + depth) % 2 == 0 else modes[::-1]:
                     base = {"model": model, "depth": depth, "mode": mode, "rep": rep}
                     result = _run_sample({**base, "dim": settings.dim, "batch": settings.batch, "steady": settings.steady,
@@ -399,8 +400,8 @@ def build_parser() -> Any:
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--target-reps", type=int, default=DepthBench.target_reps, help="samples per mode at L = 32")
-    p.add_argument("--whole-depth", type=int, default=DepthBench.whole_depth,
-                   help="depth of the regional=False reference sample (0: none)")
+    p.add_argument("--whole-depth", type=int, nargs="+", default=[DepthBench.whole_depth],
+                   help="depth(s) of the regional=False reference sample (0: none)")
     p.add_argument("--steady", type=int, default=DepthBench.steady)
     p.add_argument("--json", metavar="PATH", help="write the result (samples, rows, verdicts) here")
     return p
@@ -409,7 +410,8 @@ def build_parser() -> Any:
 def settings_from_args(argv: Sequence[str]) -> DepthBench:
     args = build_parser().parse_args(list(argv))
     return DepthBench(device=args.device, depths=tuple(args.depths), models=tuple(args.models), modes=tuple(args.modes),
-                      target_reps=args.target_reps, whole_depth=args.whole_depth, steady=args.steady)
+                      target_reps=args.target_reps, steady=args.steady,
+                      whole_depth=args.whole_depth[0] if len(args.whole_depth) == 1 else tuple(args.whole_depth))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
