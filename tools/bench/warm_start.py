@@ -517,8 +517,8 @@ def _parts_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m tools.bench.warm_start`` (also each sample's ``--worker`` process)."""
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.warm_start", description=__doc__.splitlines()[0])
+    """The command line of ``python -m tools warm-start`` (also each sample's ``--worker`` process, run as ``python -m tools.bench.warm_start``)."""
+    parser = argparse.ArgumentParser(prog="python -m tools warm-start", description=__doc__.splitlines()[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
