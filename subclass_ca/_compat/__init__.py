@@ -201,7 +201,7 @@ from .workarounds import (
     needed_workarounds,
 )
 
-__all__ = [
+__all__ = [  # the facade: every name the rest of the package uses (re-exports from the area modules, and this module's own)
     "accumulate",
     "accumulate_dummy_swap",
     "accumulate_grad_is_functional",
@@ -360,12 +360,12 @@ __all__ = [
     "SCHEMAS",
     "Scope",
     "size_hint",
+    "split_defers_codegen",
     "STABLE_PROLOGUES",
     "static_size_args",
     "stock_ca_compiler",
     "Swap",
     "swapped_epilogue",
-    "split_defers_codegen",
     "SymbolicInputs",
     "to_cpp_reducer",
     "to_proxy",

@@ -530,7 +530,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from_args(argv: list[str]) -> WarmStartBench:
     """The settings ``argv`` asks for, validated (the GPU check's dry run parses its step with this)."""
-    args = build_parser().parse_args(argv)
+    return _settings(build_parser().parse_args(argv))
+
+
+def _settings(args: argparse.Namespace) -> WarmStartBench:
     return WarmStartBench(models=tuple(args.models), modes=tuple(args.modes), warm_reps=args.warm_reps, device=args.device)
 
 
@@ -540,8 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         model, mode, backend, launched_at, device = json.loads(args.worker)
         print(json.dumps(worker(model, mode, backend, launched_at, device)))
         return 0
-    results = bench(settings_from_args(list(sys.argv[1:] if argv is None else argv)),
-                    progress=lambda what: print(f"  done: {what}", file=sys.stderr))
+    results = bench(_settings(args), progress=lambda what: print(f"  done: {what}", file=sys.stderr))
     print(format_summary(results))
     if args.json:
         with open(args.json, "w") as f:
