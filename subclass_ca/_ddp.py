@@ -18,20 +18,42 @@ it.  A loop that enters a block every step switches once.  ``no_sync()``, ``find
 and comm hooks registered with ``register_comm_hook`` carry over (the Python reducer reads the
 same module attributes).  What the Python reducer does not implement (``static_graph=True``,
 ``mixed_precision``, delayed all-reduce) raises :class:`SubclassCAError` naming it, before any
-gradient.  Costs: the Python reducer all-reduces per parameter (functional collectives, which
-inductor may fuse), not per bucket; benchmarks/ has the figure.
+gradient.  Costs: the Python reducer all-reduces per parameter (functional collectives); inductor
+buckets them (Note [Bucketing the Python reducer's all-reduces]); benchmarks/ has the figures.
+
+Note [Bucketing the Python reducer's all-reduces]
+-------------------------------------------------
+The Python reducer issues one all-reduce per parameter, with a wait right after it: per step, as many
+collectives as trainable parameters, where the C++ reducer sends a few buckets.  torch's answer lives
+in inductor: post-grad passes fuse the reducer's all-reduces into buckets and move each wait to its
+first use, and torch's ``python_reducer`` mode switches them on *process-wide* when it builds the
+module (``_fuse_ddp_communication``, with the module's ``bucket_cap_mb``).  A module we move to the
+Python reducer never went through that constructor, so the CA graphs compiled while it is there get
+those options, scoped to their own ``torch.compile`` (inductor's ``options``), the module's own bucket
+size included.  One choice differs from torch's default: a bucket is one *coalesced* all-reduce, not a
+concatenated one.  Concatenation hands each gradient back as a view into the bucket's buffer, and a
+wrapper subclass whose parts must share an offset (TwoTensor) then fails to rebuild its gradient
+(Dynamo reports it as "Attempt to trace generator"); coalescing keeps every gradient its own tensor.
+The passes only match the reducer's pattern (divide, all-reduce, wait, copy into ``.grad``); other
+all-reduces in the graph keep their place and only their waits may move later.
+Options a user passes win; ``mode=`` excludes ``options`` in ``torch.compile``, so a block compiled with
+a mode keeps one collective per parameter, as does any backend other than inductor (``aot_eager``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from . import _compat
 from .errors import SubclassCAError
 
-__all__ = ["before_ddp_forward"]
+__all__ = ["before_ddp_forward", "with_bucketing"]
 
 _SWITCHED = "_subclass_ca_python_reducer"
+_bucketing: dict[str, Any] = {}
+"""The inductor options of the last DDP module that ran a forward on the Python reducer inside a block; empty
+once it is back on its C++ reducer (Note [Bucketing the Python reducer's all-reduces])."""
 
 
 def before_ddp_forward(module: Any) -> None:
@@ -47,7 +69,19 @@ def before_ddp_forward(module: Any) -> None:
             )
         _compat.to_python_reducer(module)
         setattr(module, _SWITCHED, True)
-    elif not inside and getattr(module, _SWITCHED, False):
+    if inside:
+        _bucketing.clear()
+        _bucketing.update(_compat.bucketing_options(module))
+    elif getattr(module, _SWITCHED, False):
         _compat.to_cpp_reducer(module)
         setattr(module, _SWITCHED, False)
+        _bucketing.clear()
+
+
+def with_bucketing(kwargs: Mapping[str, Any], backend: Any) -> Mapping[str, Any]:
+    """``torch.compile`` keywords of a CA graph (or piece) with the DDP bucketing options added where they apply
+    (Note [Bucketing the Python reducer's all-reduces]); the user's own options win."""
+    if not _bucketing or backend != "inductor" or "mode" in kwargs:
+        return kwargs
+    return {**kwargs, "options": {**_bucketing, **(kwargs.get("options") or {})}}
 

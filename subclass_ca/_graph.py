@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import torch
 
-from . import _compat, _fsdp2, _regional, _split, diagnostics
+from . import _compat, _ddp, _fsdp2, _regional, _split, diagnostics
 from ._epilogue import warn_fallback_once
 from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes, subclass_type_of
 from ._translate import compile_error, grad_dtype_refusal
@@ -75,6 +75,7 @@ class CompiledCAGraph:
             return self._compile_graph(self._graph_module)
         config = self._config
         kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs, config.cache)
+        kwargs = _ddp.with_bucketing(kwargs, config.backend)  # Note [Bucketing the Python reducer's all-reduces] (_ddp.py)
         if fullgraph:  # Note [Skipping Dynamo's trace of an unchanged CA graph]
             self._traced = compile_traced(self._graph_module, config, kwargs, self._behaviour, **_sizes(config))
             if self._traced is not None:
@@ -93,7 +94,7 @@ class CompiledCAGraph:
         would be."""
         config = self._config
         piece = cast(torch.fx.GraphModule, forward.__self__)
-        kwargs = _cacheable.compile_kwargs(piece, config.backend, config.compile_kwargs, config.cache)
+        kwargs = _ddp.with_bucketing(_cacheable.compile_kwargs(piece, config.backend, config.compile_kwargs, config.cache), config.backend)
         return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, dynamic=_dynamic(config), **kwargs)
 
     def _call_in_scope(self, *args: Any, **kwargs: Any) -> Any:

@@ -82,3 +82,54 @@ def test_a_ddp_module_gets_its_cpp_reducer_back_outside_the_block_and_a_static_g
         static = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), static_graph=True)
         with pytest.raises(SubclassCAError, match="static_graph=True"), subclass_ca.enable():
             static(torch.randn(2, 4)).sum().backward()
+
+
+@pytest.mark.inductor
+def test_the_python_reducers_all_reduces_are_bucketed_by_the_modules_bucket_size_under_inductor():
+    """Note [Bucketing the Python reducer's all-reduces]: inductor coalesces the reducer's per-parameter
+    all-reduces of a CA graph into buckets (its ``ddp_buckets`` counter), and the gradients are eager DDP's, also for
+    TwoTensor parameters (whose parts a concatenated bucket would return as views at different offsets)."""
+    import subclass_ca
+    from subclass_ca import _compat, _ddp
+    from tests.distributed_utils import single_process_group
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                                   torch.nn.Linear(16, 4))
+
+    x = torch.randn(4, 8)
+    with single_process_group():
+        two_tensor = torch.nn.parallel.DistributedDataParallel(ddp_workers._model("two_tensor"))
+        with subclass_ca.enable(backend="inductor"):
+            torch.compile(two_tensor, backend="inductor")(x).sin().sum().backward()
+        reference = ddp_workers._model("two_tensor")  # one rank: data parallel is the plain backward
+        reference(x).sin().sum().backward()
+        for got, want in zip(two_tensor.module.parameters(), reference.parameters(), strict=True):
+            assert type(got.grad) is type(want.grad)
+            torch.testing.assert_close(got.grad, want.grad)
+        eager = torch.nn.parallel.DistributedDataParallel(model())
+        eager(x).sin().sum().backward()
+        ours = torch.nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=2)
+        forward = torch.compile(ours, backend="inductor")
+        counters = _compat.dynamo_counters()["inductor"]
+        counters.pop("ddp_buckets", None)
+        with subclass_ca.enable(backend="inductor"):
+            forward(x).sin().sum().backward()
+            assert _ddp.with_bucketing({}, "inductor")["options"]["_fuse_ddp_bucket_size"] == 2  # the module's own
+        counters = _compat.dynamo_counters()["inductor"]
+        assert counters["ddp_buckets"] >= 1, dict(counters)  # six all-reduces, bucketed
+        for got, want in zip(ours.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(got.grad, want.grad)
+        ours(x).sum().backward()  # outside: back on its C++ reducer, and no CA graph is bucketed any more
+        assert _ddp.with_bucketing({}, "inductor") == {}
+
+
+def test_bucketing_options_yield_to_the_users_and_apply_to_inductor_only(monkeypatch):
+    from subclass_ca import _ddp
+
+    monkeypatch.setattr(_ddp, "_bucketing", {"_fuse_ddp_communication": True, "_fuse_ddp_bucket_size": 25})
+    assert _ddp.with_bucketing({"options": {"_fuse_ddp_bucket_size": 4}}, "inductor") == {
+        "options": {"_fuse_ddp_communication": True, "_fuse_ddp_bucket_size": 4}}
+    assert _ddp.with_bucketing({"mode": "max-autotune"}, "inductor") == {"mode": "max-autotune"}  # mode excludes options
+    assert _ddp.with_bucketing({}, "aot_eager") == {}

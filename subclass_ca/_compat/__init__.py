@@ -106,7 +106,17 @@ from .compiled_autograd import (
     stock_ca_compiler,
     verbose_logger_swap,
 )
-from .ddp import DDP_CLASS, ddp_features, ddp_supported, pre_forward_swap, to_cpp_reducer, to_python_reducer, uses_python_reducer
+from .ddp import (
+    DDP_BUCKETING,
+    DDP_CLASS,
+    bucketing_options,
+    ddp_features,
+    ddp_supported,
+    pre_forward_swap,
+    to_cpp_reducer,
+    to_python_reducer,
+    uses_python_reducer,
+)
 from .dynamo import (
     FRAME_COMPILER,
     TRACE_WRAPPED,
@@ -222,6 +232,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "backward_output_examples",
     "bind_dummy",
     "BLOCKS",
+    "bucketing_options",
     "BW_MODULE_EXTRACTION",
     "CA_CAPTURE",
     "ca_capture_patches",
@@ -257,6 +268,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "CREATION_META_FIELDS",
     "CreationMeta",
     "ddp",
+    "DDP_BUCKETING",
     "ddp_features",
     "ddp_supported",
     "deactivate",
@@ -428,6 +440,10 @@ FEATURES: dict[str, str | tuple[str, ...]] = {
 (any one present suffices; the code using them detects which, e.g. ``aot_autograd.epilogue_style()``)."""
 
 OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
+    "DDP all-reduce bucketing": (
+        ddp.DDP_BUCKETING,
+        "a DDP module under enable() all-reduces each gradient on its own (one collective per parameter)",
+    ),
     "lazy FX graph modules": (
         tracing.LAZY_GRAPH_MODULES,
         "regional pieces generate their code twice when the graph is cut (a slower first backward)",

@@ -12,12 +12,18 @@ from ._lookup import lookup
 from ._patch import AttributeSwap
 
 __all__ = ["DDP_CLASS", "DDP_PARTS", "ddp_supported", "pre_forward_swap", "uses_python_reducer", "to_python_reducer",
-           "to_cpp_reducer", "ddp_features"]
+           "to_cpp_reducer", "ddp_features", "DDP_BUCKETING", "bucketing_options"]
 
 DDP_CLASS = "torch.nn.parallel:DistributedDataParallel"
 DDP_PARTS = ("_pre_forward", "_register_accum_grad_hook", "_ddp_init_helper", "_build_params_for_reducer",
              "_build_debug_param_to_name_mapping")
 """The methods switching a module's reducer calls (it also reads ``_use_python_reducer`` and ``_accum_grad_hooks``)."""
+DDP_BUCKETING = "torch._inductor:config._fuse_ddp_communication"
+DDP_BUCKET_SIZE = "torch._inductor:config._fuse_ddp_bucket_size"
+DDP_BUCKETING_PASSES = "torch._inductor:config._fuse_ddp_communication_passes"
+"""Inductor's pass bucketing the Python reducer's all-reduces, and its bucket size in MB (Note [Bucketing the
+Python reducer's all-reduces] in ``subclass_ca/_ddp.py``)."""
+_MB = 1024 * 1024
 
 
 def ddp_supported() -> bool:
@@ -73,3 +79,18 @@ def to_cpp_reducer(module: Any) -> None:
     parameters, expect_sparse_gradient = module._build_params_for_reducer()
     mapping = module._build_debug_param_to_name_mapping(parameters)
     module._ddp_init_helper(parameters, expect_sparse_gradient, mapping, module.static_graph)
+
+
+def bucketing_options(module: Any) -> dict[str, Any]:
+    """Inductor options that bucket ``module``'s all-reduces by its own bucket size, as torch's ``python_reducer``
+    mode sets them process-wide when it builds a DDP module; ``{}`` where this torch's inductor has no such pass."""
+    try:
+        lookup(DDP_BUCKETING)
+        lookup(DDP_BUCKET_SIZE)
+        lookup(DDP_BUCKETING_PASSES)
+    except (ImportError, AttributeError):
+        return {}
+    cap = getattr(module, "bucket_bytes_cap", None)
+    size_mb = max(1, round(cap / _MB)) if isinstance(cap, int) and cap > 0 else lookup(DDP_BUCKET_SIZE)
+    return {DDP_BUCKETING.rpartition(".")[2]: True, DDP_BUCKET_SIZE.rpartition(".")[2]: size_mb,
+            DDP_BUCKETING_PASSES.rpartition(".")[2]: ["fuse_ddp_with_coalesced_op", "schedule_comm_wait"]}
