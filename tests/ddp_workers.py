@@ -70,13 +70,16 @@ def _inner_views(t: torch.Tensor) -> list[torch.Tensor]:
 
 def train(rank: int, world_size: int, kind: str, mode: str, optimize_ddp, style: str, steps: int = 3) -> list[torch.Tensor]:
     """``mode``: eager (eager DDP) | manual (no DDP: each inner gradient all-reduced by hand, the definition of data
-    parallel) | ours; ``style``: forward (a compiled forward) | step (a compiled train step) | no_sync."""
+    parallel) | ours; ``style``: forward (a compiled forward) | step (a compiled train step) | no_sync |
+    inductor (a compiled forward, everything compiled with inductor: Note [Bucketing the Python reducer's
+    all-reduces])."""
     if optimize_ddp != "default":
         torch._dynamo.config.optimize_ddp = optimize_ddp
     model = _model(kind)
     ddp = model if mode == "manual" else DistributedDataParallel(model, find_unused_parameters=kind == "unused")
     optimizer = torch.optim.SGD([p for p in ddp.parameters() if p.requires_grad], lr=0.1)
-    forward = ddp if mode in ("eager", "manual") else torch.compile(ddp, backend="aot_eager")
+    backend = "inductor" if style == "inductor" else "aot_eager"
+    forward = ddp if mode in ("eager", "manual") else torch.compile(ddp, backend=backend)
 
     def step(x):
         loss = forward(x).sin().sum()
@@ -86,7 +89,7 @@ def train(rank: int, world_size: int, kind: str, mode: str, optimize_ddp, style:
     run = torch.compile(step, backend="aot_eager") if mode == "ours" and style == "step" else step
     for index in range(steps):
         x = torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * rank + index))
-        block = subclass_ca.enable(backend="aot_eager") if mode == "ours" else contextlib.nullcontext()
+        block = subclass_ca.enable(backend=backend) if mode == "ours" else contextlib.nullcontext()
         flag = torch._dynamo.config.patch(compiled_autograd=True) if style == "step" and mode == "ours" else contextlib.nullcontext()
         with flag, block:
             if style == "no_sync":  # two micro-batches, the first without all-reduce
@@ -111,6 +114,7 @@ CASES = (
     ("two_tensor", False, "forward"),
     ("two_tensor", "ddp_optimizer", "step"),
     ("two_tensor", "python_reducer", "forward"),
+    ("two_tensor", "default", "inductor"),
     ("plain", "default", "no_sync"),
     ("unused", "default", "forward"),
 ) + ((("nf4_lora", "default", "forward"), ("nf4_lora", False, "step")) if has_torchao() else ())
@@ -125,5 +129,9 @@ def train_all(rank: int, world_size: int, mode: str, cases=CASES) -> dict[str, l
         torch._dynamo.config.optimize_ddp = default
         torch._dynamo.reset()
         reference_style = style if style == "no_sync" or mode == "ours" else "forward"
+        _compat.dynamo_counters()["inductor"].pop("ddp_buckets", None)
         results[f"{kind} optimize_ddp={optimize_ddp!r} {style}"] = train(rank, world_size, kind, mode, optimize_ddp, reference_style)
+        if reference_style == "inductor":  # how many buckets inductor made of the reducer's all-reduces
+            results[f"{kind} optimize_ddp={optimize_ddp!r} {style} ddp_buckets"] = [
+                torch.tensor(_compat.dynamo_counters()["inductor"].get("ddp_buckets", 0))]
     return results
