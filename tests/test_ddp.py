@@ -59,7 +59,7 @@ def test_ddp_trains_under_enable_like_data_parallel_whatever_optimize_ddp_says(m
             if case in compiled_by_inductor:  # Note [Bucketing the Python reducer's all-reduces]: bucketed, not bitwise
                 assert got[rank][f"{_key(case)} ddp_buckets"][0] >= 1, f"rank {rank}, {_key(case)}: no all-reduce bucketed"
                 for g, e in zip(got[rank][_key(case)], reference[rank][_key(case)], strict=True):
-                    torch.testing.assert_close(g, e, msg=lambda m, case=case: f"rank {rank}, {_key(case)}: {m}")
+                    torch.testing.assert_close(g, e, msg=lambda m, case=case, rank=rank: f"rank {rank}, {_key(case)}: {m}")
                 continue
             _assert_equal(got[rank][_key(case)], reference[rank][_key(case)], f"rank {rank}, {_key(case)}")
 
