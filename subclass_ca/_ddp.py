@@ -36,8 +36,13 @@ wrapper subclass whose parts must share an offset (TwoTensor) then fails to rebu
 (Dynamo reports it as "Attempt to trace generator"); coalescing keeps every gradient its own tensor.
 The passes only match the reducer's pattern (divide, all-reduce, wait, copy into ``.grad``); other
 all-reduces in the graph keep their place and only their waits may move later.
-Options a user passes win; ``mode=`` excludes ``options`` in ``torch.compile``, so a block compiled with
-a mode keeps one collective per parameter, as does any backend other than inductor (``aot_eager``).
+``aot_eager`` (``enable()``'s default) runs AOT's graph op by op with none of inductor's passes, so there
+the CA graph is compiled by torch's ``aot_eager`` with a forward compiler that runs the same two passes
+first: still op by op, one collective per bucket (the sums are the same elementwise additions, so the
+gradients stay bitwise those of per-parameter all-reduces).  Options a user passes win; ``mode=``
+excludes ``options`` in ``torch.compile``, so a block compiled with a mode keeps one collective per
+parameter, as does any other backend, and a CA graph handed to a ``torch.compile``-d train step's own
+compiler (flag style).
 """
 
 from __future__ import annotations
@@ -51,9 +56,9 @@ from .errors import SubclassCAError
 __all__ = ["before_ddp_forward", "with_bucketing"]
 
 _SWITCHED = "_subclass_ca_python_reducer"
-_bucketing: dict[str, Any] = {}
-"""The inductor options of the last DDP module that ran a forward on the Python reducer inside a block; empty
-once it is back on its C++ reducer (Note [Bucketing the Python reducer's all-reduces])."""
+_bucket_mb: int | None = None
+"""The bucket size of the last DDP module that ran a forward on the Python reducer inside a block; None once it is
+back on its C++ reducer (Note [Bucketing the Python reducer's all-reduces])."""
 
 
 def before_ddp_forward(module: Any) -> None:
@@ -69,19 +74,23 @@ def before_ddp_forward(module: Any) -> None:
             )
         _compat.to_python_reducer(module)
         setattr(module, _SWITCHED, True)
+    global _bucket_mb
     if inside:
-        _bucketing.clear()
-        _bucketing.update(_compat.bucketing_options(module))
+        _bucket_mb = _compat.bucket_size_mb(module)
     elif getattr(module, _SWITCHED, False):
         _compat.to_cpp_reducer(module)
         setattr(module, _SWITCHED, False)
-        _bucketing.clear()
+        _bucket_mb = None
 
 
-def with_bucketing(kwargs: Mapping[str, Any], backend: Any) -> Mapping[str, Any]:
-    """``torch.compile`` keywords of a CA graph (or piece) with the DDP bucketing options added where they apply
-    (Note [Bucketing the Python reducer's all-reduces]); the user's own options win."""
-    if not _bucketing or backend != "inductor" or "mode" in kwargs:
-        return kwargs
-    return {**kwargs, "options": {**_bucketing, **(kwargs.get("options") or {})}}
-
+def with_bucketing(backend: Any, kwargs: Mapping[str, Any]) -> tuple[Any, Mapping[str, Any]]:
+    """The backend and ``torch.compile`` keywords of a CA graph (or piece), bucketing the Python reducer's all-reduces
+    where that applies (Note [Bucketing the Python reducer's all-reduces]); the user's own options win."""
+    if _bucket_mb is None:
+        return backend, kwargs
+    if backend == "inductor" and "mode" not in kwargs:
+        options = _compat.bucketing_options(_bucket_mb)
+        return backend, {**kwargs, "options": {**options, **(kwargs.get("options") or {})}} if options else kwargs
+    if backend == "aot_eager":
+        return _compat.bucketing_aot_eager(_bucket_mb) or backend, kwargs
+    return backend, kwargs

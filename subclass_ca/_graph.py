@@ -75,12 +75,12 @@ class CompiledCAGraph:
             return self._compile_graph(self._graph_module)
         config = self._config
         kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs, config.cache)
-        kwargs = _ddp.with_bucketing(kwargs, config.backend)  # Note [Bucketing the Python reducer's all-reduces] (_ddp.py)
+        backend, kwargs = _ddp.with_bucketing(config.backend, kwargs)  # Note [Bucketing the Python reducer's all-reduces]
         if fullgraph:  # Note [Skipping Dynamo's trace of an unchanged CA graph]
             self._traced = compile_traced(self._graph_module, config, kwargs, self._behaviour, **_sizes(config))
             if self._traced is not None:
                 return self._traced.compiled
-        return torch.compile(self._graph_module, backend=config.backend, fullgraph=fullgraph, dynamic=_dynamic(config), **kwargs)
+        return torch.compile(self._graph_module, backend=backend, fullgraph=fullgraph, dynamic=_dynamic(config), **kwargs)
 
     def _regional(self) -> Any:
         """The graph cut into regional pieces, or None where it is compiled whole (Note [Regional CA graphs])."""
@@ -94,8 +94,9 @@ class CompiledCAGraph:
         would be."""
         config = self._config
         piece = cast(torch.fx.GraphModule, forward.__self__)
-        kwargs = _ddp.with_bucketing(_cacheable.compile_kwargs(piece, config.backend, config.compile_kwargs, config.cache), config.backend)
-        return torch.compile(forward, backend=config.backend, fullgraph=fullgraph, dynamic=_dynamic(config), **kwargs)
+        kwargs = _cacheable.compile_kwargs(piece, config.backend, config.compile_kwargs, config.cache)
+        backend, kwargs = _ddp.with_bucketing(config.backend, kwargs)
+        return torch.compile(forward, backend=backend, fullgraph=fullgraph, dynamic=_dynamic(config), **kwargs)
 
     def _call_in_scope(self, *args: Any, **kwargs: Any) -> Any:
         if self._static_sizes:

@@ -51,13 +51,14 @@ def test_ddp_trains_under_enable_like_data_parallel_whatever_optimize_ddp_says(m
     forward or a compiled train step (flag style), ``no_sync()`` accumulation, ``find_unused_parameters``, TwoTensor
     and (with torchao) NF4 QLoRA models."""
     got = run_workers(ddp_workers.train_all, 2, timeout_s=300, args=("ours",))
-    compiled_by_inductor = [case for case in ddp_workers.CASES if case[2] == "inductor"]
     for rank in range(2):
-        assert set(got[rank]) == {_key(case) for case in ddp_workers.CASES} | {f"{_key(c)} ddp_buckets" for c in compiled_by_inductor}
+        assert set(got[rank]) == {key for case in ddp_workers.CASES for key in (_key(case), f"{_key(case)} ddp_buckets")}
         for case in ddp_workers.CASES:
             reference = eager if case in NF4 else manual
-            if case in compiled_by_inductor:  # Note [Bucketing the Python reducer's all-reduces]: bucketed, not bitwise
-                assert got[rank][f"{_key(case)} ddp_buckets"][0] >= 1, f"rank {rank}, {_key(case)}: no all-reduce bucketed"
+            # Note [Bucketing the Python reducer's all-reduces]: inductor and aot_eager bucket
+            buckets = got[rank][f"{_key(case)} ddp_buckets"][0]
+            assert buckets >= 1, f"rank {rank}, {_key(case)}: the all-reduces were not bucketed"
+            if case[2] == "inductor":  # not bitwise
                 for g, e in zip(got[rank][_key(case)], reference[rank][_key(case)], strict=True):
                     torch.testing.assert_close(g, e, msg=lambda m, case=case, rank=rank: f"rank {rank}, {_key(case)}: {m}")
                 continue
@@ -103,18 +104,21 @@ def test_a_module_on_the_python_reducer_buckets_by_its_own_size_until_it_leaves_
         forward = torch.compile(ddp, backend="aot_eager")
         with subclass_ca.enable():
             forward(torch.randn(2, 4)).sum().backward()
-            options = _ddp.with_bucketing({}, "inductor")["options"]
-        assert options["_fuse_ddp_communication"] and options["_fuse_ddp_bucket_size"] == 2
+            backend, kwargs = _ddp.with_bucketing("inductor", {})
+            aot_eager, _ = _ddp.with_bucketing("aot_eager", {})
+        options = kwargs["options"]
+        assert backend == "inductor" and options["_fuse_ddp_communication"] and options["_fuse_ddp_bucket_size"] == 2
         assert options["_fuse_ddp_communication_passes"][0] == "fuse_ddp_with_coalesced_op"  # not concatenation
+        assert callable(aot_eager) and aot_eager.__name__ == "aot_eager_bucketing"
         ddp(torch.randn(2, 4)).sum().backward()
-        assert _ddp.with_bucketing({}, "inductor") == {}
+        assert _ddp.with_bucketing("inductor", {}) == ("inductor", {}) and _ddp.with_bucketing("aot_eager", {}) == ("aot_eager", {})
 
 
-def test_bucketing_options_yield_to_the_users_and_apply_to_inductor_only(monkeypatch):
+def test_bucketing_options_yield_to_the_users_and_apply_to_inductor_and_aot_eager_only(monkeypatch):
     from subclass_ca import _ddp
 
-    monkeypatch.setattr(_ddp, "_bucketing", {"_fuse_ddp_communication": True, "_fuse_ddp_bucket_size": 25})
-    assert _ddp.with_bucketing({"options": {"_fuse_ddp_bucket_size": 4}}, "inductor") == {
-        "options": {"_fuse_ddp_communication": True, "_fuse_ddp_bucket_size": 4}}
-    assert _ddp.with_bucketing({"mode": "max-autotune"}, "inductor") == {"mode": "max-autotune"}  # mode excludes options
-    assert _ddp.with_bucketing({}, "aot_eager") == {}
+    monkeypatch.setattr(_ddp, "_bucket_mb", 25)
+    _, kwargs = _ddp.with_bucketing("inductor", {"options": {"_fuse_ddp_bucket_size": 4}})
+    assert kwargs["options"]["_fuse_ddp_bucket_size"] == 4 and kwargs["options"]["_fuse_ddp_communication"]
+    assert _ddp.with_bucketing("inductor", {"mode": "max-autotune"}) == ("inductor", {"mode": "max-autotune"})  # mode excludes options
+    assert _ddp.with_bucketing("eager", {}) == ("eager", {})  # a backend with no graph pass of its own

@@ -109,6 +109,8 @@ from .compiled_autograd import (
 from .ddp import (
     DDP_BUCKETING,
     DDP_CLASS,
+    bucket_size_mb,
+    bucketing_aot_eager,
     bucketing_options,
     ddp_features,
     ddp_supported,
@@ -232,6 +234,8 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "backward_output_examples",
     "bind_dummy",
     "BLOCKS",
+    "bucket_size_mb",
+    "bucketing_aot_eager",
     "bucketing_options",
     "BW_MODULE_EXTRACTION",
     "CA_CAPTURE",
