@@ -448,6 +448,10 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
         ddp.DDP_BUCKETING,
         "a DDP module under enable() all-reduces each gradient on its own (one collective per parameter)",
     ),
+    "DDP all-reduce bucketing under aot_eager": (
+        f"{ddp.DDP_FUSION}:_fuse_allreduce",
+        "a DDP module under enable(backend='aot_eager') all-reduces each gradient on its own",
+    ),
     "lazy FX graph modules": (
         tracing.LAZY_GRAPH_MODULES,
         "regional pieces generate their code twice when the graph is cut (a slower first backward)",
