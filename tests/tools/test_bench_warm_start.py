@@ -52,6 +52,9 @@ def test_settings_are_validated():
         ws.WarmStartBench(models=("nope",))
     with pytest.raises(ValueError, match="warm_reps"):
         ws.WarmStartBench(warm_reps=0)
+    with pytest.raises(ValueError, match="forward-outside"):  # the FSDP2 row times a whole train step
+        ws.WarmStartBench(forward_outside=True)
+    assert ws.settings_from_args(["--models", "pair", "--forward-outside"]).forward_outside
 
 
 def test_a_real_cold_and_warm_process_on_aot_eager_end_to_end():
@@ -71,6 +74,9 @@ def test_a_real_cold_and_warm_process_on_aot_eager_end_to_end():
     assert 0 < parts["capture_begin"] < sample["backward_s"] and 0 < parts["ca_first_call"] < sample["backward_s"]
     assert parts["key"] == 0 and sample["forward_parts"]["key"] == 0
     assert "| pair | subclass_ca | " in section.split("Where the later restarts' first step goes")[1]
+    assert "Forward outside the block" not in section
+    results["settings"]["forward_outside"] = True
+    assert "Forward outside the block" in ws.markdown_section(results)
 
 
 @pytest.mark.distributed

@@ -77,6 +77,9 @@ class WarmStartBench:
     backend: str = "inductor"
     device: str = "cpu"
     timeout_s: float = 600.0
+    forward_outside: bool = False
+    """subclass_ca's modes compile the forward outside the block (``loss = model(x)``, then ``with enable():
+    loss.backward()``), a pattern users write; by default the block holds forward and backward, as the README shows."""
 
     def __post_init__(self) -> None:
         for name, values, allowed in (("models", self.models, MODELS), ("modes", self.modes, MODES)):
@@ -87,6 +90,8 @@ class WarmStartBench:
             raise ValueError(f"WarmStartBench.warm_reps must be >= 1, got {self.warm_reps}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"WarmStartBench.device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.forward_outside and any(m.startswith("fsdp2") for m in self.models):
+            raise ValueError("WarmStartBench: the FSDP2 row times a whole train step; leave it out with --forward-outside")
         if self.device == "cuda" and any(m.startswith("fsdp2") for m in self.models):
             raise ValueError("WarmStartBench: the FSDP2 row runs on gloo (CPU) only; leave it out with --device cuda")
 
@@ -156,7 +161,8 @@ def _inner(t: Any) -> list[Any]:
     return [x for name in names for x in _inner(getattr(t, name))]
 
 
-def worker(model: str, mode: str, backend: str, launched_at: float, device: str = "cpu") -> dict[str, Any]:
+def worker(model: str, mode: str, backend: str, launched_at: float, device: str = "cpu",
+           forward_outside: bool = False) -> dict[str, Any]:
     """Time the first step of this fresh process (and a few steady steps) in ``mode``; ``launched_at``: ``time.time()`` at launch."""
     import torch
 
@@ -189,7 +195,8 @@ def worker(model: str, mode: str, backend: str, launched_at: float, device: str 
 
     # subclass_ca's modes run the step inside one block, forward included, as the README shows: a forward with
     # subclass inputs compiled there gets a key by behaviour, so save_cache() writes its entry (Note [Keys by behaviour])
-    block = subclass_ca.enable(backend=backend) if mode.startswith("subclass_ca") else contextlib.nullcontext()
+    inside = mode.startswith("subclass_ca") and not forward_outside
+    block = subclass_ca.enable(backend=backend) if inside else contextlib.nullcontext()
     built = now()
     with block:
         loss = step(work.params, *work.inputs)
@@ -275,7 +282,8 @@ def fsdp2_worker(rank: int, world_size: int, mode: str, backend: str) -> dict[st
 # --- the driver --------------------------------------------------------------------------
 
 
-def _sample(model: str, mode: str, backend: str, cache_dir: str, timeout_s: float, device: str = "cpu") -> dict[str, Any]:
+def _sample(model: str, mode: str, backend: str, cache_dir: str, timeout_s: float, device: str = "cpu",
+            forward_outside: bool = False) -> dict[str, Any]:
     if model.startswith("fsdp2"):
         from subclass_ca.distributed import WorkerError, run_workers
 
@@ -286,7 +294,8 @@ def _sample(model: str, mode: str, backend: str, cache_dir: str, timeout_s: floa
             return {"model": model, "mode": mode, "error": [str(error).splitlines()[0]]}
         return ranks[0]
     env = checkout_env({**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir, "OMP_NUM_THREADS": "1"})
-    args = [sys.executable, "-m", "tools.bench.warm_start", "--worker", json.dumps([model, mode, backend, time.time(), device])]
+    args = [sys.executable, "-m", "tools.bench.warm_start", "--worker",
+            json.dumps([model, mode, backend, time.time(), device, forward_outside])]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         return {"model": model, "mode": mode, "error": done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]}
@@ -304,13 +313,13 @@ def bench(settings: WarmStartBench, *, progress: Any = None) -> dict[str, Any]:
         folders = {(m, mode): os.path.join(root, f"{m}-{mode}") for m in models for mode in settings.modes}
         for (model, mode), folder in folders.items():
             samples[f"{model}/{mode}"] = {"cold": _sample(model, mode, settings.backend, folder, settings.timeout_s,
-                                                          settings.device), "warm": []}
+                                                          settings.device, settings.forward_outside), "warm": []}
             if progress:
                 progress(f"{model}/{mode} cold")
         for rep in range(settings.warm_reps):
             for (model, mode), folder in folders.items():
                 samples[f"{model}/{mode}"]["warm"].append(_sample(model, mode, settings.backend, folder, settings.timeout_s,
-                                                                  settings.device))
+                                                                  settings.device, settings.forward_outside))
                 if progress:
                     progress(f"{model}/{mode} warm {rep + 1}")
     rows = [_row(key, entry) for key, entry in samples.items()]
@@ -451,7 +460,9 @@ def markdown_section(results: dict[str, Any], *, command: str | None = None) -> 
            "median and min-max spread; the breakdown is of the later ones). First step = first forward + first backward, "
            "after `import torch, subclass_ca` and building the model. `subclass_ca_saved` calls `subclass_ca.save_cache()` "
            "after its steps in every process (its time is the last column), which writes the forward graphs' entries "
-           "compiled autograd leaves unwritten (docs/warm_start.md).", "",
+           "compiled autograd leaves unwritten (docs/warm_start.md)."
+           + (" **Forward outside the block**: subclass_ca's modes compile the forward outside `enable()` and run only "
+              "`loss.backward()` inside it." if results["settings"].get("forward_outside") else ""), "",
            "| model | mode | cold first step | first restart | later restarts (spread) | forward | backward | "
            "of which CA-graph Dynamo+AOT+inductor | AOT trace | cache loads | forward / CA graph in AOTAutogradCache | "
            "warm = cold bitwise | save_cache |",
@@ -524,6 +535,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--warm-reps", type=int, default=3)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--forward-outside", action="store_true",
+                        help="subclass_ca's modes compile the forward outside the block, only the backward inside")
     parser.add_argument("--json", help="write the results here")
     return parser
 
@@ -534,14 +547,15 @@ def settings_from_args(argv: list[str]) -> WarmStartBench:
 
 
 def _settings(args: argparse.Namespace) -> WarmStartBench:
-    return WarmStartBench(models=tuple(args.models), modes=tuple(args.modes), warm_reps=args.warm_reps, device=args.device)
+    return WarmStartBench(models=tuple(args.models), modes=tuple(args.modes), warm_reps=args.warm_reps, device=args.device,
+                          forward_outside=args.forward_outside)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
-        model, mode, backend, launched_at, device = json.loads(args.worker)
-        print(json.dumps(worker(model, mode, backend, launched_at, device)))
+        model, mode, backend, launched_at, device, forward_outside = json.loads(args.worker)
+        print(json.dumps(worker(model, mode, backend, launched_at, device, forward_outside)))
         return 0
     results = bench(_settings(args), progress=lambda what: print(f"  done: {what}", file=sys.stderr))
     print(format_summary(results))
