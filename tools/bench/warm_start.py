@@ -35,8 +35,11 @@ MODES = ("compile", "stock_ca", "subclass_ca", "subclass_ca_saved")
 MODELS = {
     "pair": "TwoTensor MLP (micro, small)",
     "block_nf4": "NF4-LoRA transformer block (small)",
+    "stack_two_tensor_lora": "regional stack: 8 TwoTensor-LoRA blocks (the depth sweep's), each `block.compile()`d",
     "fsdp2_two_tensor": "FSDP2 (fully_shard) TwoTensor MLP on 2 gloo processes (first step incl. the optimizer; rank 0)",
 }
+STACK_DEPTH = 8
+"""Blocks of the regional stack row: its CA graph runs as regional pieces (Note [Regional CA graphs])."""
 FSDP2_NPROC = 2
 TARGETS = {
     "pair_1s": "warm first step <= 1.0 s on the TwoTensor MLP (subclass_ca with save_cache, later restarts)",
@@ -161,6 +164,27 @@ def _inner(t: Any) -> list[Any]:
     return [x for name in names for x in _inner(getattr(t, name))]
 
 
+def _stack(model: str, backend: str, device: str) -> Any:
+    """The regional stack row's workload: STACK_DEPTH depth-sweep blocks, each compiled on its own."""
+    import torch
+
+    from tools.bench import models as bench_models
+    from tools.bench.depth import _block_class
+
+    torch.manual_seed(0)
+    block = _block_class(model.removeprefix("stack_"), 64)
+    blocks = torch.nn.Sequential(*(block() for _ in range(STACK_DEPTH))).to(device)
+    for each in blocks:
+        each.compile(backend=backend)
+
+    def forward(params: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return blocks(x).sin().sum()
+
+    params = [p for p in blocks.parameters() if p.requires_grad]
+    return bench_models.Workload(model=model, size="small", params=params, inputs=(torch.randn(8, 64, device=device),),
+                                 forward=forward)
+
+
 def worker(model: str, mode: str, backend: str, launched_at: float, device: str = "cpu",
            forward_outside: bool = False) -> dict[str, Any]:
     """Time the first step of this fresh process (and a few steady steps) in ``mode``; ``launched_at``: ``time.time()`` at launch."""
@@ -174,14 +198,14 @@ def worker(model: str, mode: str, backend: str, launched_at: float, device: str 
     probes = _Probes()
     imported = time.perf_counter()
     torch.set_num_threads(1)
-    work = bench_models.build(model, "small", device, tag="warm_start")
+    work = _stack(model, backend, device) if model.startswith("stack_") else bench_models.build(model, "small", device, tag="warm_start")
 
     def now() -> float:  # a CUDA step's time is its kernels' too
         if device == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    step = torch.compile(work.forward, backend=backend)
+    step = work.forward if model.startswith("stack_") else torch.compile(work.forward, backend=backend)  # each block compiled
 
     def backward(loss: torch.Tensor) -> None:
         if mode == "compile":
