@@ -35,7 +35,7 @@ from tools import ROOT
 from tools.common.report import as_json as to_json
 from tools.common.report import command_of, targets_table, verdict_lines
 
-__all__ = ["DepthBench", "MODES", "MODELS", "TARGETS", "bench", "build_parser", "format_summary", "main", "markdown_section",
+__all__ = ["DepthBench", "MODES", "MODELS", "TARGETS", "bench", "block_class", "build_parser", "format_summary", "main", "markdown_section",
            "plot", "settings_from_args", "to_json"]
 
 MODES: tuple[str, ...] = ("compile", "stock", "subclass_ca")
@@ -82,7 +82,9 @@ class DepthBench:
 # --- one sample (a fresh process) ---------------------------------------------------------
 
 
-def _block_class(model: str, dim: int) -> Any:
+def block_class(model: str, dim: int) -> Any:
+    """The depth sweep's block (LayerNorm, a frozen NF4 or TwoTensor base, a rank-8 LoRA adapter; the warm-start
+    bench's regional stack row uses it too)."""
     import torch
     from torch import nn
 
@@ -126,7 +128,7 @@ def sample(settings: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     model_name, depth, mode, dim = settings["model"], settings["depth"], settings["mode"], settings["dim"]
-    block = _block_class(model_name, dim)
+    block = block_class(model_name, dim)
     torch.manual_seed(0)
     device = torch.device(settings.get("device", "cpu"))
     model = nn.Sequential(*(block() for _ in range(depth))).to(device)

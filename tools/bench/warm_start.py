@@ -169,10 +169,10 @@ def _stack(model: str, backend: str, device: str) -> Any:
     import torch
 
     from tools.bench import models as bench_models
-    from tools.bench.depth import _block_class
+    from tools.bench.depth import block_class
 
     torch.manual_seed(0)
-    block = _block_class(model.removeprefix("stack_"), 64)
+    block = block_class(model.removeprefix("stack_"), 64)
     blocks = torch.nn.Sequential(*(block() for _ in range(STACK_DEPTH))).to(device)
     for each in blocks:
         each.compile(backend=backend)
