@@ -18,8 +18,8 @@ it.  A loop that enters a block every step switches once.  ``no_sync()``, ``find
 and comm hooks registered with ``register_comm_hook`` carry over (the Python reducer reads the
 same module attributes).  What the Python reducer does not implement (``static_graph=True``,
 ``mixed_precision``, delayed all-reduce) raises :class:`SubclassCAError` naming it, before any
-gradient.  Costs: the Python reducer all-reduces per parameter (functional collectives); inductor
-buckets them (Note [Bucketing the Python reducer's all-reduces]); benchmarks/ has the figures.
+gradient.  Costs: the Python reducer all-reduces per parameter (functional collectives); subclass_ca
+buckets them again (Note [Bucketing the Python reducer's all-reduces]); benchmarks/ has the figures.
 
 Note [Bucketing the Python reducer's all-reduces]
 -------------------------------------------------
@@ -38,8 +38,9 @@ The passes only match the reducer's pattern (divide, all-reduce, wait, copy into
 all-reduces in the graph keep their place and only their waits may move later.
 ``aot_eager`` (``enable()``'s default) runs AOT's graph op by op with none of inductor's passes, so there
 the CA graph is compiled by torch's ``aot_eager`` with a forward compiler that runs the same two passes
-first: still op by op, one collective per bucket (the sums are the same elementwise additions, so the
-gradients stay bitwise those of per-parameter all-reduces).  Options a user passes win; ``mode=``
+first: still op by op, one collective per bucket (on two ranks the gradients are bitwise those of
+per-parameter all-reduces, tests/test_ddp.py; with more ranks a collective library may order a bucket's
+sums differently, as DDP's own buckets may).  Options a user passes win; ``mode=``
 excludes ``options`` in ``torch.compile``, so a block compiled with a mode keeps one collective per
 parameter, as does any other backend, and a CA graph handed to a ``torch.compile``-d train step's own
 compiler (flag style).
@@ -63,6 +64,7 @@ back on its C++ reducer (Note [Bucketing the Python reducer's all-reduces])."""
 
 def before_ddp_forward(module: Any) -> None:
     """Pick the reducer a DDP forward needs: the Python one inside a block, the module's own outside."""
+    global _bucket_mb
     inside = _compat.BLOCKS.depth > 0
     if inside and not _compat.uses_python_reducer(module):
         unsupported = _compat.ddp_features(module)
@@ -74,7 +76,6 @@ def before_ddp_forward(module: Any) -> None:
             )
         _compat.to_python_reducer(module)
         setattr(module, _SWITCHED, True)
-    global _bucket_mb
     if inside:
         _bucket_mb = _compat.bucket_size_mb(module)
     elif getattr(module, _SWITCHED, False):
