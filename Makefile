@@ -27,7 +27,7 @@ TORCH_STAMP := $(VENV)/.torch-installed
 # `--compile-bytecode` writes the .pyc files pip would have written (uv skips them by default): this machine runs
 # with PYTHONDONTWRITEBYTECODE=1 (.ci/run prints whether CI does), so without them every process of a lane's suite
 # compiles torch's source again (importing torch, Dynamo and inductor: 11 s instead of 5 s, in each of the suite's
-# many processes); it adds ~15 s to the set-up.
+# many processes); it adds 5-15 s to the set-up.
 UV_SPEC ?= uv==0.13.9
 $(TORCH_STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
