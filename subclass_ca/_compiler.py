@@ -18,6 +18,7 @@ from . import _compat, diagnostics
 from ._accumulate import steal_subclass_accumulates
 from ._canonical import canonical_form
 from ._graph import CompiledCAGraph
+from ._hook_order import order_hooks_after_reads
 from ._nodes import mode_of, subclass_nodes
 from .config import Config, cache_key
 
@@ -71,6 +72,8 @@ class CACompiler:
         return self._factory
 
     def _capture(self, graph_module: torch.fx.GraphModule) -> Any:
+        # Note [Hooks run after every read of the tensor they are given]: before any compiler sees the graph
+        order_hooks_after_reads(graph_module)
         # Note [Subclass gradients and AccumulateGrad]; the graph's code is generated once for both rewrites
         stolen = steal_subclass_accumulates(graph_module, recompile=self._raw)
         # Note [One CA graph for fresh and cached forwards]; a caller's own compiler sees the graph as torch gave it

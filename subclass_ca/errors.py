@@ -16,6 +16,7 @@ __all__ = [
     "UnsupportedSubclassError",
     "FSDP2UnsupportedError",
     "HookOnSubclassError",
+    "HookOrderError",
     "GraphBreakError",
     "BackwardCompileError",
     "RegionalCompileError",
@@ -59,6 +60,11 @@ class FSDP2UnsupportedError(SubclassCAError):
 
 class HookOnSubclassError(SubclassCAError):
     """A tensor or module backward hook inside the compiled region that cannot be captured as eager runs it."""
+
+
+class HookOrderError(SubclassCAError):
+    """A hook handed a parameter cannot run after every read of it, as eager autograd runs it (Note [Hooks run after
+    every read of the tensor they are given] in ``_hook_order.py``)."""
 
 
 class GraphBreakError(SubclassCAError):

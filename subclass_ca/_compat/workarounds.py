@@ -32,6 +32,7 @@ import torch
 from ._lookup import lookup
 from ._patch import CA_CAPTURE, CA_GRAPH_RUN, AnyScope, AttributeSwap, PatchSet, Scope, gated
 from .dynamo import outside_tracing
+from .optimizer_tracing import optimizer_tracing_available, optimizer_tracing_swaps
 
 __all__ = [
     "Workaround",
@@ -440,7 +441,22 @@ GRAD_DTYPE_FAKEIFY = Workaround(
     ),
 )
 
-WORKAROUNDS: tuple[Workaround, ...] = (GRAD_CONTEXT, GRAD_STATIC_CONTEXT, GRAD_DTYPE_FAKEIFY)
+OPTIMIZER_IN_BACKWARD = Workaround(
+    name="optimizer_tracing.optimizer_tracing_swaps",
+    fixes=(
+        "an optimizer step inside a post-accumulate-grad hook (optimizer-in-backward, torchtune's optimizer_in_bwd) "
+        "cannot be compiled into the CA graph with fullgraph=True: 'Call to torch._dynamo.graph_break()', "
+        "'Optimizer.zero_grad should not be traced', 'optimizer: pending mutation on parameter' "
+        "(Note [Optimizer steps compiled into the CA graph])"
+    ),
+    upstream="pytorch/pytorch#104053 (the graph breaks in _use_grad_for_differentiable)",
+    scope="ca-graph-run",
+    probe=optimizer_tracing_available,
+    stock_error="graph_break|zero_grad|pending mutation",
+    patches=PatchSet("optimizer-in-backward tracing", optimizer_tracing_swaps, resident=True),
+)
+
+WORKAROUNDS: tuple[Workaround, ...] = (GRAD_CONTEXT, GRAD_STATIC_CONTEXT, GRAD_DTYPE_FAKEIFY, OPTIMIZER_IN_BACKWARD)
 """Every torch-side workaround subclass_ca knows (installed only where its probe says so)."""
 
 

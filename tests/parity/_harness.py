@@ -27,6 +27,11 @@ Two differences are on purpose and asserted where they occur, never skipped:
   chained from that very error.  :func:`summarize` writes it ``"<OurError> from <stock
   summary>"``; a case lists it with ``ours_graph_break_error`` and the comparison checks exactly
   that form.
+* **Trains where stock breaks** (issue 59): an optimizer step in a post-accumulate-grad hook makes
+  stock's ``fullgraph=True`` compile raise Dynamo's Unsupported; subclass_ca compiles it into the CA
+  graph (Note [Optimizer steps compiled into the CA graph] in ``subclass_ca/_compat/optimizer_tracing.py``).
+  A case lists it with ``ours_trains_where_stock_breaks``: stock must still raise Unsupported, and
+  ours must equal eager.
 * **Registry-driven failures**: stock compiled autograd never consults subclass_ca's handler
   registry, so a broken registered handler fails only under subclass_ca (and that failed
   capture is counted).  ``test_rebuild_error_recovery.py`` asserts it explicitly.
@@ -225,6 +230,8 @@ class Case:
     must equal eager, in stock and in ours (and the listed keys must still differ)."""
     ours_graph_break_error: bool = False
     """Where stock raises Dynamo's Unsupported, ours raises GraphBreakError from it (issue 16.2)."""
+    ours_trains_where_stock_breaks: bool = False
+    """Where stock raises Dynamo's Unsupported (a graph break subclass_ca compiles away), ours equals eager (issue 59)."""
     backend: str = "aot_eager"
     fullgraph: bool = True
     """Both runs: the stock compiler's ``fullgraph`` and ``enable(fullgraph=...)``."""
@@ -270,6 +277,13 @@ def check_parity(case: Case) -> None:
     assert stock.reports == 0, "the stock run went through subclass_ca's compiler"
     if ours.error is None and ours.captures:
         assert ours.reports >= 1, "the subclass_ca run never reached subclass_ca's compiler"
+    if case.ours_trains_where_stock_breaks:
+        assert stock.error is not None and "Unsupported" in stock.error_summary, (
+            f"documented as raising Unsupported under stock, but stock gave {stock.error_summary!r}: update the case"
+        )
+        assert ours.error is None, f"subclass_ca raised {ours.error_summary}"
+        assert_matches_eager(run(case.scenario, "eager"), ours, ours, case)
+        return
     assert_same_outcome(stock, ours, graph_break_error=case.ours_graph_break_error)
     if case.sizes_change:
         assert stock.captures <= ours.captures <= 2 * stock.captures, f"captures: subclass_ca {ours.captures}, stock {stock.captures}"

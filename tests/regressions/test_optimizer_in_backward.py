@@ -1,10 +1,11 @@
 """Hooks that need a graph break in the backward graph (issue 16.2): optimizer-in-backward.
 
 PyTorch's optimizer-in-backward pattern steps one optimizer per parameter from a
-post-accumulate-grad hook.  Dynamo cannot trace an optimizer step inside the CA graph, so
-the backward needs graph breaks: ``enable(fullgraph=False)`` trains == eager and the capture
-report lists the breaks; the default (fullgraph=True) raises GraphBreakError naming the
-code and the option, before any parameter changes.
+post-accumulate-grad hook.  A ``torch.optim`` step is compiled into the CA graph under the
+default ``fullgraph=True`` (issue 59; the whole matrix is in tests/test_optimizer_in_backward.py);
+``enable(fullgraph=False)`` trains == eager and the capture report lists the breaks; a hook whose
+code Dynamo cannot trace raises GraphBreakError under the default, naming the code and the option,
+before any parameter changes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,18 @@ def _model():
     return pair, linear
 
 
-def _attach_optimizers(params):
+def _untraceable_step(param):
+    torch._dynamo.graph_break()  # Python Dynamo must not trace: a graph break in the hook itself
+    with torch.no_grad():
+        param.sub_(param.grad * 0.1)
+    param.grad = None
+
+
+def _attach_optimizers(params, untraceable=False):
+    if untraceable:
+        for p in params:
+            p.register_post_accumulate_grad_hook(_untraceable_step)
+        return
     optimizers = {p: torch.optim.SGD([p], lr=0.1) for p in params}
 
     def step_in_backward(param):
@@ -35,10 +47,10 @@ def _attach_optimizers(params):
         p.register_post_accumulate_grad_hook(step_in_backward)
 
 
-def _train(backend, steps=3, **enable_kwargs):
+def _train(backend, steps=3, untraceable=False, **enable_kwargs):
     pair, linear = _model()
     params = [pair, *linear.parameters()]
-    _attach_optimizers(params)
+    _attach_optimizers(params, untraceable)
     loss_fn = lambda x: linear(x @ pair).sin().sum()  # noqa: E731
     forward = torch.compile(loss_fn, backend=backend) if backend else loss_fn
     for step in range(steps):
@@ -53,26 +65,39 @@ def _train(backend, steps=3, **enable_kwargs):
 
 
 @pytest.mark.isolated(reason="torch 2.11 stock compiled autograd segfaults in gc after an optimizer-in-backward run")
-def test_optimizer_in_backward_with_fullgraph_false_matches_eager_and_reports_the_breaks():
-    eager = _train(None)
-    ours = _train("aot_eager", fullgraph=False)
+@pytest.mark.parametrize("untraceable", [False, True], ids=["torch-optim", "untraceable-hook"])
+def test_optimizer_in_backward_with_fullgraph_false_matches_eager_and_reports_the_breaks(untraceable):
+    eager = _train(None, untraceable=untraceable)
+    ours = _train("aot_eager", untraceable=untraceable, fullgraph=False)
     for want, got in zip(eager, ours):
         assert_same_grad(want, got, exact=False)
     report = subclass_ca.last_report()
-    assert not report.fullgraph and report.graph_breaks, report.summary()
-    assert "graph break:" in report.summary()
+    if untraceable:
+        assert not report.fullgraph and report.graph_breaks, report.summary()
+        assert "graph break:" in report.summary()
+    else:  # a torch.optim step compiles into the graph (Note [Optimizer steps compiled into the CA graph])
+        assert not report.graph_breaks, report.summary()
 
 
-def test_optimizer_in_backward_by_default_raises_graph_break_error_before_any_update():
+def test_optimizer_in_backward_by_default_compiles_whole_and_matches_eager():
+    eager = _train(None)
+    ours = _train("aot_eager")
+    for want, got in zip(eager, ours):
+        assert_same_grad(want, got, exact=False)
+    report = subclass_ca.last_report()
+    assert report.fullgraph and not report.graph_breaks, report.summary()
+
+
+def test_an_untraceable_hook_by_default_raises_graph_break_error_before_any_update():
     pair, linear = _model()
     params = [pair, *linear.parameters()]
     before = [p.detach().clone() for p in params]
-    _attach_optimizers(params)
+    _attach_optimizers(params, untraceable=True)
     loss = torch.compile(lambda x: linear(x @ pair).sin().sum(), backend="aot_eager")(torch.randn(2, 4))
     with pytest.raises(subclass_ca.GraphBreakError, match=r"fullgraph=False") as info:
         with subclass_ca.enable():
             loss.backward()
-    assert "post_acc_grad_hook step_in_backward (test_optimizer_in_backward.py:" in str(info.value)
+    assert "post_acc_grad_hook _untraceable_step (test_optimizer_in_backward.py:" in str(info.value)
     for want, got in zip(before, params):
         assert_same_grad(want, got.detach())
 

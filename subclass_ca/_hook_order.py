@@ -1,0 +1,164 @@
+"""Hooks handed a tensor that outlives the backward run after every read of that tensor (eager's order).
+
+Note [Hooks run after every read of the tensor they are given]
+--------------------------------------------------------------
+A post-accumulate-grad hook is handed the parameter itself, so that it can change it: torchtune's
+optimizer-in-backward steps one optimizer per parameter there, updating the parameter in place.
+In eager autograd the hook runs after its AccumulateGrad node, and a compiled region's backward is
+one autograd node, so every read of the parameter inside that region's backward (``x @ a @ b``
+reads ``b`` for the gradient of ``a``) has happened before any hook of the region runs; a read that
+came later would trip the version counter.
+
+Compiled autograd pastes each region's AOT backward into the CA graph and then moves every
+AccumulateGrad node and its post-accumulate-grad hooks up to where the gradient is produced
+(torch's ``reorder_accumulate_grad_nodes`` / ``reorder_post_acc_grad_hook_nodes``, pytorch#121735).
+Inside a pasted region that is *before* the other reads of the parameter: ``b``'s optimizer step
+updates ``b`` in place, then the gradient of ``a`` is computed from the updated ``b``.  Nothing
+checks a version counter in the graph, so the model trains wrong, silently, under either
+``fullgraph`` setting (stock compiled autograd too).
+
+:func:`order_hooks_after_reads` restores eager's guarantee as a rule on the graph, before anything
+compiles it (whole, split at FSDP2's hooks, or traced by a train step's compiler): every hook call
+that is handed a tensor from outside the backward (one of the graph's ``inputs``) moves to just
+after the last node that reads that tensor or an alias of it.  Aliases are found without running
+anything:
+
+* the outputs of every AOT backward prologue that is handed the tensor (the prologue passes saved
+  tensors through, or unwraps a subclass into its inner tensors: which output is which is AOT's
+  business, so all of them count -- the hook then runs where eager runs it, after the region);
+* the results of view operators (an ``OpOverload`` whose schema returns an alias) and ``getitem``
+  of any alias, transitively.
+
+A moved hook keeps its relative order with the other hooks of the same anchor, and its ``hooks[i]``
+read stays where it was.  A hook whose result is used (a hook that returns a value) cannot be
+moved past a reader that comes after one of its users; that raises :class:`HookOrderError` naming
+the hook and the tensor -- never a reordered graph that computes something else.  A hook handed
+only gradients (tensor hooks, node pre/post hooks) is not moved: its arguments are fresh values of
+this backward, which it may replace but which nothing else reads before it returns.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from . import _compat
+from .errors import HookOrderError
+
+__all__ = ["order_hooks_after_reads"]
+
+_INPUTS_PLACEHOLDER = 0
+"""Position of ``inputs`` among the CA graph's placeholders: (inputs, sizes, scalars, hooks, packed)."""
+
+
+def _flat_nodes(value: object) -> Iterator[torch.fx.Node]:
+    if isinstance(value, torch.fx.Node):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _flat_nodes(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _flat_nodes(item)
+
+
+def _input_reads(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """``inputs[i]`` nodes: tensors that live outside this backward (parameters, saved tensors)."""
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    if len(placeholders) <= _INPUTS_PLACEHOLDER:
+        return set()
+    inputs = placeholders[_INPUTS_PLACEHOLDER]
+    return {user for user in inputs.users if user.op == "call_function" and user.target is operator.getitem}
+
+
+def _returns_alias(node: torch.fx.Node) -> bool:
+    target = node.target
+    if node.op != "call_function":
+        return False
+    if target is operator.getitem:
+        return True
+    if not _compat.is_op_overload(target):
+        return False
+    return any(ret.alias_info is not None and not ret.alias_info.is_write for ret in target._schema.returns)
+
+
+def _aliases(tensor: torch.fx.Node) -> set[torch.fx.Node]:
+    """``tensor`` and every node that may alias it (Note [Hooks run after every read of the tensor they are given])."""
+    found = {tensor}
+    pending = [tensor]
+    while pending:
+        node = pending.pop()
+        for user in node.users:
+            if user.op != "call_function":
+                continue
+            if _compat.is_aot_backward_prologue(user.target):
+                new: Iterable[torch.fx.Node] = [user, *user.users]
+            elif _returns_alias(user):
+                new = [user]
+            else:
+                continue
+            for alias in new:
+                if alias not in found:
+                    found.add(alias)
+                    pending.append(alias)
+    return found
+
+
+def _hook_calls(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    calls = _compat.hook_calls()
+    return [node for node in graph.nodes if node.op == "call_function" and node.target in calls]
+
+
+def _describe(hook: torch.fx.Node) -> str:
+    kind = hook.kwargs.get("hook_type", getattr(hook.target, "__name__", "hook"))
+    source = hook.args[0] if hook.args else None
+    slot = ""
+    if isinstance(source, torch.fx.Node) and source.target is operator.getitem and len(source.args) > 1:
+        slot = f" hooks[{source.args[1]}]"
+    return f"{kind}{slot} ({hook.name})"
+
+
+def order_hooks_after_reads(graph_module: torch.fx.GraphModule) -> int:
+    """Move each hook handed an input tensor after the last read of that tensor; the number of hooks moved.
+
+    Recompiles ``graph_module``'s code when anything moved.  Raises :class:`HookOrderError` where the
+    order cannot be kept (Note [Hooks run after every read of the tensor they are given]).
+    """
+    graph = graph_module.graph
+    input_reads = _input_reads(graph)
+    hooks = [hook for hook in _hook_calls(graph) if any(arg in input_reads for arg in _flat_nodes(hook.args[1:]))]
+    if not hooks:
+        return 0
+    hook_set = set(hooks)
+    position = {node: index for index, node in enumerate(graph.nodes)}
+    moves: list[tuple[torch.fx.Node, torch.fx.Node]] = []
+    for hook in hooks:
+        anchor = hook
+        for tensor in (arg for arg in _flat_nodes(hook.args[1:]) if arg in input_reads):
+            readers = {
+                user for alias in _aliases(tensor) for user in alias.users if user is not hook and user not in hook_set
+            }
+            last = max(readers, key=position.__getitem__, default=hook)
+            if position[last] <= position[anchor]:
+                continue
+            first_use = min(hook.users, key=position.__getitem__, default=None)
+            if first_use is not None and position[first_use] < position[last]:
+                raise HookOrderError(
+                    f"compiled autograd scheduled the {_describe(hook)} hook, which is handed the tensor {tensor.name} "
+                    f"from outside the backward, before {last.name} reads that tensor, and the hook's result is used "
+                    f"by {first_use.name} before that read, so eager autograd's order (the hook after every read of "
+                    "its tensor) cannot be restored. No gradient was produced. Make the hook return None (update its "
+                    "tensor in place) or register it so that it is not handed that tensor."
+                )
+            anchor = last
+        if anchor is not hook:
+            moves.append((hook, anchor))
+    # reversed: hooks sharing an anchor keep their order (each append lands right after the anchor)
+    for hook, anchor in reversed(moves):
+        anchor.append(hook)
+    if moves:
+        graph.lint()
+        graph_module.recompile()
+    return len(moves)
