@@ -17,7 +17,7 @@ STAMP  := $(VENV)/.subclass_ca-installed
 PIP    := $(if $(filter 2.13.0,$(TORCH)),,env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null) PIP_NO_CACHE_DIR=1 $(PY) -m pip
 TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: setup torch-setup torch-setups demo test test-fast test-lanes lint bench bench-quick fsdp2 check torchao-matrix versions gpu-check gpu-check-dry gpu-wheels clean
+.PHONY: setup torch-setup torch-setups demo test test-fast test-lanes test-torchao015 lint bench bench-quick fsdp2 check torchao-matrix versions gpu-check gpu-check-dry gpu-wheels clean
 
 # the venv and its torch alone: the slow part of a set-up, independent of the checkout. The default lane takes the
 # local CPU wheel with pip. A public lane is a ~5 GB CUDA build: uv (pinned, installed into the lane's venv) streams
@@ -77,6 +77,28 @@ test-fast: $(STAMP)
 test-lanes:
 	set -e; for torch in $(LANES); do $(MAKE) --no-print-directory test TORCH=$$torch \
 	  SUITE=$$( [ $$torch = 2.13.0 ] && echo full || echo lane ); done
+
+# The torchao extra allows 0.15 to 0.18 (0.15 is torchtune 0.6's; NF4Tensor moved in 0.18): the default lane tests
+# 0.18, this target the torchao tests on 0.15, in a venv of their own on the default lane's torch (the local CPU
+# wheel). CI runs it after the default lane's tests. numpy: the default lane has it (through the demo extra), and
+# inductor's CPU path needs it. In-process: the kit's torchao rows share one module-scoped run.
+TORCHAO015         ?= 0.15.0
+TORCHAO015_TORCH   ?= 2.13.0
+TORCHAO015_VENV    ?= .venv-torchao015
+TORCHAO015_PY      := $(TORCHAO015_VENV)/bin/python
+TORCHAO015_STAMP   := $(TORCHAO015_VENV)/.subclass_ca-installed
+TORCHAO015_TESTS   ?= tests/handlers/test_torchao.py tests/testing/test_kit_torchao.py
+$(TORCHAO015_STAMP): pyproject.toml subclass_ca/_version.py
+	test -x $(TORCHAO015_PY) || $(PYTHON) -m venv $(TORCHAO015_VENV)
+	PIP_NO_CACHE_DIR=1 $(TORCHAO015_PY) -m pip install -q --upgrade pip
+	PIP_NO_CACHE_DIR=1 $(TORCHAO015_PY) -m pip install -q torch==$(TORCHAO015_TORCH) torchao==$(TORCHAO015) numpy
+	PIP_NO_CACHE_DIR=1 $(TORCHAO015_PY) -m pip install -q -e '.[test,torchao]'
+	$(TORCHAO015_PY) -c "import sys, torch, importlib.metadata as m; t = torch.__version__.split('+')[0]; a = m.version('torchao'); \
+	  sys.exit(0 if (t, a) == ('$(TORCHAO015_TORCH)', '$(TORCHAO015)') else f'$(TORCHAO015_VENV): wanted torch $(TORCHAO015_TORCH), torchao $(TORCHAO015); got {t}, {a}')"
+	touch $(TORCHAO015_STAMP)
+
+test-torchao015: $(TORCHAO015_STAMP)
+	OMP_NUM_THREADS=1 $(TORCHAO015_PY) -m pytest -q -p no:cacheprovider $(TORCHAO015_TESTS) $(PYTEST_ARGS)
 
 # ruff (pyflakes, import order, pyupgrade, bugbear) and mypy (types), both configured in pyproject.toml; CI runs it
 # before the test lanes (.ci/run). The tools come from the `lint` extra, installed into the venv on first use.

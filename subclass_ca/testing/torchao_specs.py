@@ -14,7 +14,9 @@ the others do not (reported as skips with that reason, never hidden):
   ``OptimState8bit`` / ``OptimState4bit``, over several optimizer steps.
 
 torchao is imported only when :func:`torchao_specs` is called; a torchao without one of them
-leaves it out with the reason (:func:`unavailable_torchao_specs`).
+leaves it out with the reason (:func:`unavailable_torchao_specs`).  Every torchao the ``torchao``
+extra allows (0.15 to 0.18) has all of them; an entry names each place its object has lived in
+that range (NF4Tensor moved in 0.18: :data:`NF4_MODULES`).
 """
 
 from __future__ import annotations
@@ -39,10 +41,23 @@ _TANGENT_GUESS = ("torch.compile alone (no compiled autograd) fails the same way
 _LINEAR_ONLY = "{type} implements F.linear, not the matmuls and elementwise ops of this scenario: certified through module_swap"
 
 
-def _nf4(dense: torch.Tensor) -> torch.Tensor:
-    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+NF4_MODULES: tuple[str, ...] = (
+    "torchao.quantization.quantize_.workflows.nf4.nf4_tensor",  # torchao 0.18
+    "torchao.dtypes.nf4tensor",  # torchao 0.15-0.17
+)
+"""Where each supported torchao defines NF4Tensor and ``to_nf4``, newest first (the built-in handler's table too)."""
 
-    return to_nf4(dense, block_size=min(64, dense.numel()), scaler_block_size=1)
+
+def _nf4(dense: torch.Tensor) -> torch.Tensor:
+    import importlib
+
+    for module_name in NF4_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        return module.to_nf4(dense, block_size=min(64, dense.numel()), scaler_block_size=1)
+    raise ImportError(f"this torchao has NF4Tensor in none of {', '.join(NF4_MODULES)}")
 
 
 def _not_a_tensor_factory(type_name: str, maker: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -107,8 +122,8 @@ def _bitnet() -> Any:
     return bitnet_training()
 
 
-_SPECS: dict[str, tuple[str, Callable[[], SubclassSpec]]] = {
-    "nf4": ("torchao.quantization.quantize_.workflows.nf4.nf4_tensor:NF4Tensor", lambda: SubclassSpec(
+_SPECS: dict[str, tuple[str | tuple[str, ...], Callable[[], SubclassSpec]]] = {
+    "nf4": (tuple(f"{module}:NF4Tensor" for module in NF4_MODULES), lambda: SubclassSpec(
         make_tensor=_nf4, not_applicable=_only(["frozen_weight"], _FROZEN))),
     "float8_training": ("torchao.float8:convert_to_float8_training", lambda: SubclassSpec(
         make_tensor=_not_a_tensor_factory("Float8TrainingTensor", "Float8Linear"), make_module=_float8,
@@ -138,15 +153,24 @@ _SPECS: dict[str, tuple[str, Callable[[], SubclassSpec]]] = {
         make_tensor=_not_a_tensor_factory("OptimState4bit", "AdamW4bit"), make_optimizer=_optimizer("AdamW4bit"),
         not_applicable=_only(["optimizer_state"], _OPTIMIZER_ONLY.format(type="OptimState4bit")))),
 }
-"""name -> (the torchao object it needs, as module:attribute; how its spec is built)."""
+"""name -> (the torchao object it needs, as module:attribute, or a tuple of the places it has lived in the supported
+releases, any one of which will do; how its spec is built)."""
 
 TORCHAO_SPEC_NAMES: tuple[str, ...] = tuple(_SPECS)
 
 
-def _missing(requirement: str) -> str | None:
-    """Why ``module:attribute`` cannot be imported from this torchao (None: it can)."""
+def _missing(requirement: str | tuple[str, ...]) -> str | None:
+    """Why ``module:attribute`` (or none of a tuple of them) cannot be imported from this torchao (None: it can)."""
     import importlib
 
+    if isinstance(requirement, tuple):
+        problems = []
+        for place in requirement:
+            problem = _missing(place)
+            if problem is None:
+                return None
+            problems.append(problem)
+        return "; ".join(problems)
     module_name, _, attribute = requirement.partition(":")
     try:
         module = importlib.import_module(module_name)
