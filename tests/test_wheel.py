@@ -1,5 +1,8 @@
 """The wheel holds the library only (issue 38): every module of subclass_ca, its pytest plugin, no tools, no tests.
 
+The plugin is the one top-level module beside the package, ``_subclass_ca_pytestplugin`` (issue 61: an entry
+point that imports neither torch nor subclass_ca).
+
 The repository's tools (``tools/``: demo, benchmarks, FSDP2 runs, the support table, the GPU
 check) and its tests run from a checkout and are not installed; the package's own command is
 ``python -m subclass_ca check``.
@@ -16,6 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = "_subclass_ca_pytestplugin.py"
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +44,14 @@ def test_every_module_of_the_package_is_in_the_wheel(wheel_names: dict[str, byte
     assert "subclass_ca/distributed.py" in modules and "subclass_ca/testing/plugin.py" in modules
     missing = [m for m in modules if m not in wheel_names]
     assert not missing, f"modules missing from the wheel: {missing}"
-    for module in modules:  # the checkout's source, not a stale copy from an old build/ folder
+    for module in [*modules, PLUGIN]:  # the checkout's source, not a stale copy from an old build/ folder
         assert wheel_names[module] == (ROOT / module).read_bytes(), module
 
 
 def test_the_wheel_holds_no_tools_and_no_tests(wheel_names: dict[str, bytes]) -> None:
     top_level = {name.split("/")[0] for name in wheel_names if not name.split("/")[0].endswith(".dist-info")}
-    assert top_level == {"subclass_ca"}
-    assert _dist_info(wheel_names, "top_level.txt").split() == ["subclass_ca"]
+    assert top_level == {"subclass_ca", PLUGIN}
+    assert sorted(_dist_info(wheel_names, "top_level.txt").split()) == ["_subclass_ca_pytestplugin", "subclass_ca"]
     assert not [n for n in wheel_names if "/_tools/" in n or n.startswith(("tools/", "tests/", "benchmarks/", "examples/"))]
     tests = [n for n in wheel_names if Path(n).name.startswith("test_") or Path(n).name == "conftest.py"]
     assert not tests, f"test files in the wheel: {tests}"
@@ -56,8 +60,8 @@ def test_the_wheel_holds_no_tools_and_no_tests(wheel_names: dict[str, bytes]) ->
 def test_the_wheel_declares_the_pytest_plugin_entry_point(wheel_names: dict[str, bytes]) -> None:
     entry_points = configparser.ConfigParser()
     entry_points.read_string(_dist_info(wheel_names, "entry_points.txt"))
-    assert dict(entry_points["pytest11"]) == {"subclass_ca": "subclass_ca.testing.plugin"}
-    assert "subclass_ca/testing/plugin.py" in wheel_names
+    assert dict(entry_points["pytest11"]) == {"subclass_ca": "_subclass_ca_pytestplugin"}
+    assert PLUGIN in wheel_names and "subclass_ca/testing/plugin.py" in wheel_names
 
 
 def test_the_wheel_ships_the_py_typed_marker(wheel_names: dict[str, bytes]) -> None:

@@ -1,16 +1,17 @@
-"""pytest plugin for subclass_ca (registered through the ``pytest11`` entry point).
+"""What subclass_ca's pytest fixtures do: ``ca_matches_eager`` and the checkers the fixtures return.
 
-Fixtures:
+The plugin itself (options, markers, fixtures) is the top-level module ``_subclass_ca_pytestplugin``,
+the ``pytest11`` entry point ``subclass_ca``: pytest loads it into every run of an environment
+where subclass_ca is installed, and it imports neither torch nor subclass_ca (Note [A plugin that
+costs nothing until used] there).  A fixture imports this module, and with it torch and
+subclass_ca, only when a test requests it:
 
 * ``ca_backend`` — the backend to certify on: ``--ca-backend`` (default ``aot_eager``).
-* ``assert_ca_matches_eager`` — ``assert_ca_matches_eager(fn, *inputs, gradient=None,
-  backend=None, atol=None, rtol=None)`` runs ``fn(*inputs)`` + backward eagerly and with
-  ``torch.compile(fn)`` + ``subclass_ca.enable()`` (input ``.grad`` cleared per run, restored after), and
-  asserts outputs, gradients, gradient types and subclass flatten contexts match.
-* ``ca_check_subclass`` — :func:`subclass_ca.testing.check_subclass` defaulting to ``ca_backend``.
+* ``assert_ca_matches_eager`` — :func:`assert_ca_matches_eager_with` of ``ca_backend``: runs ``fn(*inputs)``
+  + backward eagerly and with ``torch.compile(fn)`` + ``subclass_ca.enable()`` (:func:`ca_matches_eager`).
+* ``ca_check_subclass`` — :func:`check_subclass_with` of ``ca_backend``.
 
-The plugin is loaded into every pytest run of an environment where subclass_ca is
-installed, so it imports torch and subclass_ca only when a fixture is used.
+With ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, load the plugin by its entry-point name: ``pytest -p subclass_ca``.
 """
 
 from __future__ import annotations
@@ -18,28 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("subclass_ca")
-    group.addoption(
-        "--ca-backend",
-        action="store",
-        default="aot_eager",
-        help="backend for subclass_ca fixtures (ca_backend, assert_ca_matches_eager); default aot_eager",
-    )
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "inductor: compiles with the inductor backend (slow first compile)")
-    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
-
-
-@pytest.fixture
-def ca_backend(request: pytest.FixtureRequest) -> str:
-    """The backend subclass_ca fixtures compile with (``--ca-backend``, default aot_eager)."""
-    return str(request.config.getoption("--ca-backend", default="aot_eager") or "aot_eager")
+__all__ = ["ca_matches_eager", "assert_ca_matches_eager_with", "check_subclass_with"]
 
 
 def ca_matches_eager(
@@ -102,9 +82,9 @@ def ca_matches_eager(
     return {"eager": eager, "ca": ca}
 
 
-@pytest.fixture
-def assert_ca_matches_eager(ca_backend: str) -> Callable[..., dict[str, Any]]:
-    """``assert_ca_matches_eager(fn, *inputs, gradient=None, backend=None, atol=None, rtol=None)``."""
+def assert_ca_matches_eager_with(ca_backend: str) -> Callable[..., dict[str, Any]]:
+    """The ``assert_ca_matches_eager`` fixture's value: ``check(fn, *inputs, gradient=None, backend=None, atol=None,
+    rtol=None)``, :func:`ca_matches_eager` on ``ca_backend`` unless ``backend`` is given."""
 
     def check(fn: Callable[..., Any], *inputs: Any, backend: str | None = None, **options: Any) -> dict[str, Any]:
         return ca_matches_eager(fn, *inputs, backend=backend or ca_backend, **options)
@@ -112,9 +92,9 @@ def assert_ca_matches_eager(ca_backend: str) -> Callable[..., dict[str, Any]]:
     return check
 
 
-@pytest.fixture
-def ca_check_subclass(ca_backend: str) -> Callable[..., Any]:
-    """:func:`subclass_ca.testing.check_subclass` with ``backends=(ca_backend,)`` by default."""
+def check_subclass_with(ca_backend: str) -> Callable[..., Any]:
+    """The ``ca_check_subclass`` fixture's value: :func:`subclass_ca.testing.check_subclass` with
+    ``backends=(ca_backend,)`` unless ``backends`` is given."""
     from .suite import check_subclass as run_check
 
     def check(make_tensor: Any, **options: Any) -> Any:
