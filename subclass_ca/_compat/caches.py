@@ -40,6 +40,8 @@ __all__ = [
     "aot_forward_class",
     "save_cache_artifacts",
     "load_cache_artifacts",
+    "artifact_ids",
+    "without_artifacts",
     "cache_dir",
 ]
 
@@ -245,6 +247,36 @@ def save_cache_artifacts() -> bytes | None:
 def load_cache_artifacts(data: bytes) -> Any:
     """Write artifacts from :func:`save_cache_artifacts` into this process's caches (before compiling)."""
     return torch.compiler.load_cache_artifacts(data)
+
+
+ARTIFACT_MANAGER = "torch.compiler._cache:CacheArtifactManager"
+"""Reads and writes the mega-cache format (``deserialize``: ``{artifact type: [artifact with .key]}``)."""
+ARTIFACT_SERIALIZER = ("torch.utils._appending_byte_serializer:AppendingByteSerializer", "torch.compiler._cache:_serialize_single_cache")
+
+
+def artifact_ids(data: bytes) -> frozenset[tuple[str, str]] | None:
+    """The (type, key) of each artifact in torch's mega-cache ``data``; None when this torch's format cannot be read."""
+    try:
+        artifacts = lookup(ARTIFACT_MANAGER).deserialize(data)
+    except (ImportError, AttributeError):
+        return None
+    if artifacts is None:
+        return frozenset()
+    return frozenset((kind, artifact.key) for kind, items in artifacts.items() for artifact in items)
+
+
+def without_artifacts(data: bytes, ids: frozenset[tuple[str, str]]) -> bytes | None:
+    """torch's mega-cache ``data`` less the artifacts named by ``ids``; None when this torch's format cannot be rewritten."""
+    try:
+        artifacts = lookup(ARTIFACT_MANAGER).deserialize(data)
+        serializer = lookup(ARTIFACT_SERIALIZER[0])(serialize_fn=lookup(ARTIFACT_SERIALIZER[1]))
+    except (ImportError, AttributeError):
+        return None
+    if artifacts is None:
+        return None
+    kept = [(kind, [a for a in items if (kind, a.key) not in ids]) for kind, items in artifacts.items()]
+    serializer.extend([(kind, items) for kind, items in kept if items])
+    return bytes(serializer.to_bytes())
 
 
 def cache_dir() -> str:

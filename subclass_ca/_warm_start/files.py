@@ -13,12 +13,16 @@ before anything in it is parsed or unpickled (or, with ``strict=False``, skipped
 the job compiles afresh), never loaded into the caches.
 
 The layout: the magic line; ``hmac-sha256 <key id> <signature>``; the JSON header; torch's
-artifacts; our pickled records.  The signature covers every byte after its own line.
+artifacts; our pickled records.  The signature covers every byte after its own line.  The file
+is written privately and atomically and read only if it is a regular file (``trust.write_private_file``,
+``trust.read_regular_file``); what ``trust_unsigned_code=True`` let in is never signed into a file
+again (Note [Trusting a compile cache]).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import hmac
 import json
@@ -30,6 +34,7 @@ from typing import Any
 import torch
 
 from .. import _compat
+from .._compat import caches as _torch_caches
 from ..errors import CacheFileError
 from . import traced, trust
 from .fingerprint import package_digest
@@ -40,6 +45,10 @@ _MAGIC = b"subclass_ca compile cache\n"
 _FORMAT = 3
 _SIGNATURE = b"hmac-sha256 "
 _PURPOSE = b"subclass_ca cache file"
+_unverified_artifacts: set[tuple[str, str]] = set()
+"""torch's artifacts (type, key) that only ``trust_unsigned_code=True`` let into this process: never signed into a file."""
+_unverified_unknown = False
+"""The opt-in let in torch artifacts this torch cannot name (its mega-cache format unreadable): no file is signed."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -86,34 +95,69 @@ def save_cache(path: str | os.PathLike[str] | None = None, *, key: bytes | str |
     :func:`load_cache` reads, signed with ``key`` (default: ``SUBCLASS_CA_CACHE_KEY``, else this
     user's key file; Note [Trusting a compile cache] in ``trust.py``); raises :class:`CacheFileError`
     when nothing was compiled with a cacheable backend (``inductor``).  The records written into
-    the cache folder are signed with the default key, which the folder's reader checks.
+    the cache folder are signed with the default key, which the folder's reader checks.  Only
+    records this process compiled, or read from a file that verified under the signing key, are
+    signed: never what ``load_cache(..., trust_unsigned_code=True)`` let in.  The file is written
+    to a new private file (0600, random name) and renamed over ``path``.
     """
     from .cacheable import complete_forward_entries
 
     _warn_if_ca_graphs_are_not_cached()
     completed = complete_forward_entries()
-    records = traced.pending_records()
-    traced.write_records(records)
+    traced.write_records()
     if path is None:
         return CacheFile(path=_compat.cache_dir(), torch_version=str(torch.__version__), subclass_ca=package_digest(),
-                         artifact_bytes=0, forward_entries_written=completed, traced_graphs=len(records))
+                         artifact_bytes=0, forward_entries_written=completed, traced_graphs=_folder_records())
     artifacts = _compat.save_cache_artifacts()
     if not artifacts:
         raise CacheFileError(
             f"save_cache({os.fspath(path)!r}): torch recorded no compile artifact in this process. Call it after "
             "the first steps have compiled (backend='inductor'; torch.compile's other backends have no persistent cache)."
         )
+    artifacts = _without_unverified(os.fspath(path), artifacts)
+    signing_key = trust.resolve_key(key)
+    records = traced.signable_records(signing_key)
     payload = artifacts + pickle.dumps(records)
     header = _header()
     header["artifact_bytes"] = len(artifacts)
     header["sha256"] = hashlib.sha256(payload).hexdigest()
-    encoded = _encode(trust.resolve_key(key), header, payload)
-    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(encoded)
-    os.replace(tmp, path)  # a reader never sees half a file
+    encoded = _encode(signing_key, header, payload)
+    try:
+        trust.write_private_file(path, encoded)  # a reader never sees half a file; a planted link is never followed
+    except OSError as error:
+        raise CacheFileError(
+            f"save_cache({os.fspath(path)!r}): cannot write the file ({error}). Pass a path to a file in a folder you "
+            "can write (nothing else, such as a directory, at that name)."
+        ) from error
     return CacheFile(path=os.fspath(path), torch_version=str(header["torch"]), subclass_ca=str(header["subclass_ca"]),
                      artifact_bytes=len(artifacts), forward_entries_written=completed, traced_graphs=len(records))
+
+
+def _without_unverified(name: str, artifacts: bytes) -> bytes:
+    """torch's artifacts less those only the opt-in let in (torch records an entry again when it reads it)."""
+    if _unverified_unknown:
+        raise CacheFileError(
+            f"save_cache({name!r}): this process loaded a file with trust_unsigned_code=True, and torch "
+            f"{_compat.TORCH_VERSION}'s artifacts cannot be told apart from this process's own: the file would sign "
+            "what that opt-in let in. Save from a run that did not use the opt-in."
+        )
+    if not _unverified_artifacts:
+        return artifacts
+    kept = _torch_caches.without_artifacts(artifacts, frozenset(_unverified_artifacts))
+    if kept is None:
+        raise CacheFileError(f"save_cache({name!r}): cannot leave out the artifacts trust_unsigned_code=True let in "
+                             "(this torch's mega-cache format is unreadable). Save from a run that did not use the opt-in.")
+    return kept
+
+
+def _folder_records() -> int:
+    """How many of this process's records the cache folder holds under the default key (0: no key)."""
+    if not traced.holds_records():
+        return 0  # and no key file made for nothing
+    try:
+        return len(traced.signable_records(trust.resolve_key()))
+    except trust.KeyUnavailable:
+        return 0  # write_records said why, once
 
 
 def _encode(signing_key: bytes, header: dict[str, Any], payload: bytes) -> bytes:
@@ -142,22 +186,28 @@ def load_cache(
     cache] in ``trust.py``).  ``missing_ok``: a missing file returns None (a job's very first run).
     ``strict=False``: a file that is refused (not signed with the key, written by another torch or
     subclass_ca build, damaged) is skipped with a warning and None is returned (the job compiles
-    afresh); by default it raises :class:`CacheFileError`.  ``trust_unsigned_code=True`` loads a
-    file whose signature is missing or does not match, as ``torch.load(weights_only=False)`` does:
-    only for a file you trust, since loading it runs the code it holds.
+    afresh); by default it raises :class:`CacheFileError`.  Only a regular file is read (opened
+    without following a link or blocking); anything else is refused the same way.
+    ``trust_unsigned_code=True`` loads a file whose signature is missing or does not match, as
+    ``torch.load(weights_only=False)`` does: only for a file you trust, since loading it runs the
+    code it holds.  The opt-in ends with the call: the records it let in are used by this process
+    only, and :func:`save_cache` never signs them again.
     """
     name = os.fspath(path)
     if key is not None:
         trust.resolve_key(key)  # a bad key= is the caller's error, raised even with strict=False
-    if missing_ok and not os.path.exists(name):
-        return None
     try:
-        with open(name, "rb") as f:
-            data = f.read()
-        header, payload = _parse(name, data, key, trust_unsigned_code)
-        artifacts, records = payload[:header["artifact_bytes"]], pickle.loads(payload[header["artifact_bytes"]:])  # noqa: S301  -- signed, checked in _parse
+        data = trust.read_regular_file(name, what=f"load_cache({name!r}): the cache file")
+        if data is None:
+            if missing_ok:
+                return None
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+        header, payload, verified_with = _parse(name, data, key, trust_unsigned_code)
+        artifacts, records = payload[:header["artifact_bytes"]], _unpickled_records(name, payload[header["artifact_bytes"]:])
+        if verified_with is None:
+            _remember_unverified(artifacts)
         _compat.load_cache_artifacts(artifacts)
-        traced.add_records(records)
+        traced.add_records(records, verified_with=verified_with)
     except CacheFileError as error:
         if strict:
             raise
@@ -167,12 +217,41 @@ def load_cache(
                      artifact_bytes=len(artifacts), traced_graphs=len(records))
 
 
-def _check_signature(name: str, data: bytes, key: bytes | str | None, trust_unsigned_code: bool) -> bytes:
-    """What the signature covers, once it is checked (or the check was waived); raises otherwise."""
+def _remember_unverified(artifacts: bytes) -> None:
+    global _unverified_unknown
+    if not artifacts:
+        return
+    ids = _torch_caches.artifact_ids(artifacts)
+    if ids is None:
+        _unverified_unknown = True
+    else:
+        _unverified_artifacts.update(ids)
+
+
+def _unpickled_records(name: str, pickled: bytes) -> dict[str, bytes]:
+    """The file's kept traces (signed, or let in by the opt-in): a damaged pickle is the file's error, not a crash."""
+    try:
+        records = pickle.loads(pickled)  # noqa: S301  -- signed and checked in _parse, or the caller's opt-in
+    except Exception as error:  # EOFError, UnpicklingError, ...: whatever a damaged pickle raises
+        raise CacheFileError(f"load_cache({name!r}): the file is damaged (its records cannot be read: "
+                             f"{type(error).__name__}: {error}); delete it.") from error
+    if not isinstance(records, dict) or not all(isinstance(k, str) for k in records):
+        raise CacheFileError(f"load_cache({name!r}): the file is damaged (its records are not kept traces); delete it.")
+    return records
+
+
+def _check_signature(name: str, data: bytes, key: bytes | str | None, trust_unsigned_code: bool) -> tuple[bytes, bytes | None]:
+    """What the signature covers, and the key it verified under (None: the check failed and was waived); raises otherwise."""
     line, sep, signed = data[len(_MAGIC):].partition(b"\n")
     fields = line[len(_SIGNATURE):].split(b" ") if line.startswith(_SIGNATURE) else []
     if trust_unsigned_code:
-        return signed if len(fields) == 2 else data[len(_MAGIC):]
+        if len(fields) != 2 or not sep:
+            return data[len(_MAGIC):], None
+        try:
+            signing_key = trust.resolve_key(key)
+        except trust.KeyUnavailable:
+            return signed, None
+        return signed, signing_key if hmac.compare_digest(line + b"\n", _signature_line(signing_key, signed)) else None
     opt_in = ("Only if you trust whoever wrote it (loading it runs the code it holds): "
               "load_cache(..., trust_unsigned_code=True).")
     if len(fields) != 2 or not sep:
@@ -182,7 +261,7 @@ def _check_signature(name: str, data: bytes, key: bytes | str | None, trust_unsi
         )
     signing_key = trust.resolve_key(key)
     if hmac.compare_digest(line + b"\n", _signature_line(signing_key, signed)):
-        return signed
+        return signed, signing_key
     signer, mine = fields[0].decode("ascii", "replace"), trust.key_id(signing_key)
     if signer != mine:
         why = (f"it was signed with another key (key id {signer}; yours is {mine}): another user's, or a job's key "
@@ -192,10 +271,11 @@ def _check_signature(name: str, data: bytes, key: bytes | str | None, trust_unsi
     raise CacheFileError(f"load_cache({name!r}): the signature does not match, refused before anything in it was read: {why} {opt_in}")
 
 
-def _parse(name: str, data: bytes, key: bytes | str | None, trust_unsigned_code: bool) -> tuple[dict[str, Any], bytes]:
+def _parse(name: str, data: bytes, key: bytes | str | None, trust_unsigned_code: bool) -> tuple[dict[str, Any], bytes, bytes | None]:
+    """The header, the payload (artifacts + records) and the key the file verified under (None: the opt-in's)."""
     if not data.startswith(_MAGIC):
         raise CacheFileError(f"load_cache({name!r}): not a subclass_ca cache file (written by subclass_ca.save_cache).")
-    signed = _check_signature(name, data, key, trust_unsigned_code)
+    signed, verified_with = _check_signature(name, data, key, trust_unsigned_code)
     line, sep, artifacts = signed.partition(b"\n")
     try:
         header = json.loads(line) if sep else None
@@ -210,6 +290,8 @@ def _parse(name: str, data: bytes, key: bytes | str | None, trust_unsigned_code:
             f"load_cache({name!r}): written by another build: {'; '.join(foreign)}. Its artifacts cannot be reused; "
             "delete the file or pass strict=False to compile afresh."
         )
-    if not isinstance(header.get("artifact_bytes"), int):
-        raise CacheFileError(f"load_cache({name!r}): the file is damaged (its header has no artifact size); delete it.")
-    return header, artifacts
+    size = header.get("artifact_bytes")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= len(artifacts):
+        raise CacheFileError(f"load_cache({name!r}): the file is damaged (its header's artifact size {size!r} is not "
+                             f"one of 0..{len(artifacts)}); delete it.")
+    return header, artifacts, verified_with

@@ -29,8 +29,11 @@ is the same in every process when the CA graph is: so we keep it, keyed as we ke
   ``requires_grad`` of subclass inputs needs a fix in torch's guard pickler
   (``_compat.guard_requires_grad_swap``).
 * **Only this user's records.** A record is read from the cache folder only when the folder is
-  this user's alone and the record carries this user's signature (Note [Trusting a compile
-  cache] in ``trust.py``); records from a cache file were checked by ``load_cache``.
+  this user's alone and the record is a regular file carrying this user's signature (Note
+  [Trusting a compile cache] in ``trust.py``); records from a cache file were checked by
+  ``load_cache``.  Each record remembers where it came from (:class:`Record`): one that
+  ``load_cache(..., trust_unsigned_code=True)`` let in is replayed by this process only and never
+  signed again, into the folder or into a file.
 * **Refusals.** A frame whose guards cannot be serialized (on torch 2.13 a hook closing over a
   local tensor; an object known by identity) makes torch give up the recording and fail the
   compile; that graph is compiled again without one (once, in the run that records) and is
@@ -39,8 +42,9 @@ is the same in every process when the CA graph is: so we keep it, keyed as we ke
 
 from __future__ import annotations
 
+import dataclasses
+import hmac
 import os
-import secrets
 import sys
 import threading
 import types
@@ -55,7 +59,8 @@ from . import trust
 from .cacheable import key_of
 from .fingerprint import Unstable, describe, digest, package_digest
 
-__all__ = ["TracedGraph", "compile_traced", "pending_records", "add_records", "write_records", "stats"]
+__all__ = ["Record", "TracedGraph", "compile_traced", "holds_records", "signable_records", "add_records", "write_records",
+           "records_folder", "stats"]
 
 stats = {"recorded": 0, "replayed": 0, "refused": 0}
 """This process: graphs compiled with a recording, graphs whose record was installed, recordings torch gave up."""
@@ -63,9 +68,26 @@ stats = {"recorded": 0, "replayed": 0, "refused": 0}
 _SUBDIR = "subclass_ca_traced"
 _RECORD_MAGIC = b"subclass_ca kept trace 1\n"
 _PURPOSE = b"subclass_ca kept trace"
-_records: dict[str, bytes] = {}
 _pending: dict[str, Any] = {}
 _lock = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Record:
+    """A kept trace this process holds, and where it came from (Note [Trusting a compile cache] in ``trust.py``)."""
+
+    data: bytes = dataclasses.field(repr=False)
+    own: bool
+    """This process compiled the graph and made the record."""
+    verified_with: bytes | None = dataclasses.field(default=None, repr=False)  # a secret: never in a repr
+    """A record read from a cache file: the key its signature verified under; None: let in unverified by the opt-in."""
+
+    def may_sign(self, signing_key: bytes) -> bool:
+        """Whether a file or folder signed with ``signing_key`` may hold it: never what the opt-in alone let in."""
+        return self.own or (self.verified_with is not None and hmac.compare_digest(self.verified_with, signing_key))
+
+
+_records: dict[str, Record] = {}
 
 
 def _global_line(name: str, value: Any) -> str | None:
@@ -135,6 +157,11 @@ def _folders() -> tuple[str, str]:
     return cache, os.path.join(cache, _SUBDIR)
 
 
+def records_folder() -> str:
+    """Where this process keeps its traces: ``<torch's cache folder>/subclass_ca_traced``."""
+    return _folders()[1]
+
+
 def _signing_key(folder: str) -> bytes | None:
     try:
         return trust.resolve_key()
@@ -161,7 +188,7 @@ def _find(key: str) -> bytes | None:
     """The record of ``key``: from a loaded cache file, else from the cache folder if this user wrote it there."""
     found = _records.get(key)
     if found is not None:
-        return found
+        return found.data
     cache, folder = _folders()
     path = os.path.join(folder, key)
     if not os.path.lexists(path) or _unsafe_folder(cache, folder):
@@ -284,38 +311,69 @@ def compile_traced(
     return TracedGraph(graph_module, kwargs.get("options"), dynamic, key)
 
 
-def pending_records() -> dict[str, bytes]:
-    """The records of this process's recorded graphs, serialized (those torch can replay), by key."""
+def _serialize_pending() -> None:
+    """Turn this process's finished recordings into records (those torch can replay)."""
     with _lock:
         pending = dict(_pending)
         _pending.clear()  # serialized once; the recordings (and the graphs they hold) are let go
     for key, package in pending.items():
-        if key not in _records:
+        held = _records.get(key)
+        if held is None or not held.own:  # this process's own recording replaces one a file brought
             recorded = _compat.recorded_frame(package)
             if recorded is not None:
-                _records[key] = recorded
-    return dict(_records)
+                _records[key] = Record(data=recorded, own=True)
 
 
-def add_records(records: dict[str, bytes]) -> None:
-    """Records read from a cache file (``load_cache``): found before the cache folder's."""
-    _records.update(records)
+def holds_records() -> bool:
+    """Whether this process holds any record (compiled here, or read from a cache file)."""
+    _serialize_pending()
+    return bool(_records)
 
 
-def write_records(records: dict[str, bytes]) -> int:
+def signable_records(signing_key: bytes) -> dict[str, bytes]:
+    """The records a file or folder signed with ``signing_key`` may hold, by key (Record.may_sign).
+
+    Those of graphs this process compiled, and those read from a cache file that verified under
+    this same key; never one that ``load_cache(..., trust_unsigned_code=True)`` let in unverified.
+    """
+    _serialize_pending()
+    return {key: record.data for key, record in _records.items() if record.may_sign(signing_key)}
+
+
+def add_records(records: dict[str, bytes], *, verified_with: bytes | None) -> None:
+    """Records read from a cache file (``load_cache``): found before the cache folder's.
+
+    ``verified_with``: the key the file's signature verified under; None when only the opt-in let it in.
+    """
+    for key, data in records.items():
+        held = _records.get(key)
+        if held is None or not held.own:  # this process's own record of the graph stays
+            _records[key] = Record(data=data, own=False, verified_with=verified_with)
+
+
+def write_records(records: dict[str, bytes] | None = None) -> int:
     """Sign and write records into the cache folder (one file per key, atomically, owner-only); returns how many are new.
 
-    Nothing is written into a folder that is not this user's alone (it would never be read).
+    ``records``: by default this process's :func:`signable_records` under the folder's key.
+    Nothing is written into a folder that is not this user's alone (it would never be read); a
+    record whose name is taken by something that is not a file is skipped with one warning.
     """
     cache, folder = _folders()
-    if not records:
+    if not (holds_records() if records is None else records):
         return 0
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except OSError as error:  # something that is not a folder at its name
+        trust.warn_once("write", folder, f"subclass_ca: could not make the kept-trace folder {folder} ({error}); a "
+                        "restart traces its CA graphs afresh. Remove what is at that name.")
+        return 0
     if _unsafe_folder(cache, folder):
         return 0
     signing_key = _signing_key(folder)
     if signing_key is None:
         return 0
+    if records is None:
+        records = signable_records(signing_key)
     written = 0
     for key, data in records.items():
         path = os.path.join(folder, key)
@@ -324,9 +382,12 @@ def write_records(records: dict[str, bytes]) -> int:
             if trust.read_private_file(path, what="the kept-trace record") == sealed:
                 continue
         except CacheFileError:
-            pass  # not ours alone: replaced below
-        tmp = f"{path}.tmp{os.getpid()}.{secrets.token_hex(4)}"
-        trust.write_private_file(tmp, sealed)
-        os.replace(tmp, path)
+            pass  # not ours alone, or not a file: replaced below
+        try:
+            trust.write_private_file(path, sealed)
+        except OSError as error:  # a directory at the record's name, a full disk: the job goes on without it
+            trust.warn_once("write", folder, f"subclass_ca: could not write the kept trace {path} ({error}); this CA "
+                            "graph is traced afresh by a restart. Remove what is at that name.")
+            continue
         written += 1
     return written

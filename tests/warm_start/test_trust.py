@@ -9,7 +9,6 @@ two-rank job is a real ``torchrun``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -28,19 +27,10 @@ from subclass_ca._warm_start import files as cache
 from subclass_ca._warm_start import traced, trust
 from subclass_ca.distributed import free_port
 from tests.cache_worker import assert_matches_eager, copy_cache, run_step, shared_cold_run
+from tests.warm_start.payloads import OTHER_KEY, Payload, records_file
+from tests.warm_start.payloads import payload_file as _payload_file
 
 ROOT = Path(__file__).resolve().parents[2]
-OTHER_KEY = b"another user's key, 32 bytes...."
-
-
-class Payload:
-    """Unpickling it creates ``marker``: what an attacker's pickle would do with a shell command."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
 
 
 @pytest.fixture
@@ -55,15 +45,6 @@ def loaded_into_torch(monkeypatch) -> list[bytes]:
     monkeypatch.setattr(_compat, "load_cache_artifacts", loaded.append)
     monkeypatch.setattr(traced, "_records", {})
     return loaded
-
-
-def _payload_file(marker: Path, signing_key: bytes | None) -> bytes:
-    """A cache file whose records run code when unpickled: signed with ``signing_key``, or laid out as issue 52's crafted file."""
-    payload = pickle.dumps({"k": Payload(marker)})
-    header = {**cache._header(), "artifact_bytes": 0, "sha256": hashlib.sha256(payload).hexdigest()}
-    if signing_key is None:  # issue 52's recipe: a valid header and checksum, no signature
-        return cache._MAGIC + json.dumps(header).encode() + b"\n" + payload
-    return cache._encode(signing_key, header, payload)
 
 
 # --- cache files ---------------------------------------------------------------------------
@@ -115,15 +96,13 @@ def test_a_file_signed_with_another_key_is_refused_and_the_opt_in_loads_it(tmp_p
 
 def test_a_file_signed_with_the_jobs_key_loads_with_that_key_from_the_argument_or_the_environment(tmp_path, monkeypatch, loaded_into_torch):
     path = tmp_path / "compile.cache"
-    payload = b"artifacts" + pickle.dumps({"graph-key": b"record"})
-    header = {**cache._header(), "artifact_bytes": len(b"artifacts"), "sha256": hashlib.sha256(payload).hexdigest()}
-    path.write_bytes(cache._encode(OTHER_KEY, header, payload))
+    path.write_bytes(records_file(OTHER_KEY, {"graph-key": b"record"}))
     assert subclass_ca.load_cache(path, key=OTHER_KEY).traced_graphs == 1
     monkeypatch.setenv(trust.KEY_ENV, OTHER_KEY.decode())
     assert subclass_ca.load_cache(path).traced_graphs == 1
     assert loaded_into_torch == [b"artifacts", b"artifacts"]
     with pytest.raises(subclass_ca.CacheFileError, match="another key"):
-        subclass_ca.load_cache(path, key="yet another key of 16+ chars")
+        subclass_ca.load_cache(path, key="yet another key, of 32 characters or more")
 
 
 def test_one_flipped_byte_anywhere_is_refused_before_anything_is_unpickled(tmp_path, marker, loaded_into_torch):
@@ -142,12 +121,19 @@ def test_one_flipped_byte_anywhere_is_refused_before_anything_is_unpickled(tmp_p
     assert marker.exists()
 
 
-def test_a_key_shorter_than_16_characters_is_refused_naming_its_source(monkeypatch, tmp_path):
-    with pytest.raises(subclass_ca.CacheFileError, match="key=: .*at least 16 characters"):
+def test_a_key_shorter_than_128_bits_is_refused_naming_its_source_and_how_to_make_one(monkeypatch, tmp_path):
+    """16 hex characters are 64 bits: refused from the environment (issue 60), as from key=; 32 hex characters or 16 bytes pass."""
+    with pytest.raises(subclass_ca.CacheFileError, match="key=: .*at least 128 bits"):
         subclass_ca.load_cache(tmp_path / "x.cache", key="short")
-    monkeypatch.setenv(trust.KEY_ENV, "short")
-    with pytest.raises(subclass_ca.CacheFileError, match=f"{trust.KEY_ENV}: .*at least 16"):
+    with pytest.raises(subclass_ca.CacheFileError, match="key=: .*at least 128 bits"):
+        trust.resolve_key(b"15 bytes, short")
+    assert trust.resolve_key(b"16 bytes exactly") == b"16 bytes exactly"
+    monkeypatch.setenv(trust.KEY_ENV, "0123456789abcdef")  # 16 characters: the old minimum
+    with pytest.raises(subclass_ca.CacheFileError, match=f"{trust.KEY_ENV}: .*at least 128 bits.*32 hex characters") as refused:
         trust.resolve_key()
+    assert 'python -c "import secrets; print(secrets.token_hex(32))"' in str(refused.value)
+    monkeypatch.setenv(trust.KEY_ENV, "0123456789abcdef" * 2)
+    assert trust.resolve_key() == b"0123456789abcdef" * 2
 
 
 # --- the key file --------------------------------------------------------------------------
@@ -165,14 +151,17 @@ def test_the_default_key_is_made_once_per_user_with_owner_only_permissions(monke
 
 
 def test_a_key_file_others_can_read_or_write_is_refused_like_an_ssh_key(monkeypatch, tmp_path):
+    """Refused with the advice to rotate it (a copy may exist), never to chmod it back (issue 60)."""
     path = tmp_path / "cache-key"
     monkeypatch.delenv(trust.KEY_ENV, raising=False)
     monkeypatch.setenv(trust.KEY_FILE_ENV, str(path))
     trust.resolve_key()
-    for mode in (0o644, 0o620):
+    for mode in (0o644, 0o640, 0o620):
         path.chmod(mode)
-        with pytest.raises(subclass_ca.CacheFileError, match=f"(readable|writable) by .*chmod 600 {path}"):
+        with pytest.raises(subclass_ca.CacheFileError, match=f"{path} is (readable|writable) by .*rotate the key with "
+                                                             "python -m subclass_ca cache-key --rotate") as refused:
             trust.resolve_key()
+        assert "chmod" not in str(refused.value)
     path.chmod(0o600)
     monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 4242)  # the file now belongs to someone else
     with pytest.raises(subclass_ca.CacheFileError, match="belongs to another user"):
@@ -180,18 +169,6 @@ def test_a_key_file_others_can_read_or_write_is_refused_like_an_ssh_key(monkeypa
 
 
 # --- the cache folder ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def cache_folder(tmp_path, monkeypatch) -> Path:
-    """An empty cache folder of this user's, as torch's cache_dir(); no record loaded from a file; warnings fresh."""
-    folder = tmp_path / "inductor-cache"
-    folder.mkdir(mode=0o700)
-    monkeypatch.setattr(_compat, "cache_dir", lambda: str(folder))
-    monkeypatch.setattr(traced, "_records", {})
-    trust.forget_warnings()
-    yield folder
-    trust.forget_warnings()
 
 
 def _plant(folder: Path, name: str, data: bytes, mode: int = 0o600) -> None:
@@ -318,7 +295,7 @@ import subclass_ca
 path = sys.argv[1]
 loaded = subclass_ca.load_cache(path)
 try:
-    subclass_ca.load_cache(path, key="not the job's key, 16+ chars")
+    subclass_ca.load_cache(path, key="not the job's key, 32 characters or more")
     wrong = "loaded"
 except subclass_ca.CacheFileError as error:
     wrong = str(error)
@@ -337,7 +314,7 @@ def test_a_two_rank_torchrun_job_sharing_a_key_through_the_environment_loads_one
     _, saved = shared_cold_run(tmp_path_factory, "pair-relu-file", save="compile.cache", activation="relu")
     job_key = "the job's shared secret: 0123456789abcdef"
     source = Path(saved["saved_path"])
-    signed = cache._check_signature(str(source), source.read_bytes(), None, False)  # this user's file, re-signed for the job
+    signed, _ = cache._check_signature(str(source), source.read_bytes(), None, False)  # this user's file, re-signed for the job
     header, _, payload = signed.partition(b"\n")
     shared_file = tmp_path / "compile.cache"
     shared_file.write_bytes(cache._encode(job_key.encode(), json.loads(header), payload))
