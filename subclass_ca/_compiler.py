@@ -72,8 +72,8 @@ class CACompiler:
         return self._factory
 
     def _capture(self, graph_module: torch.fx.GraphModule) -> Any:
-        # Note [Hooks run after every read of the tensor they are given]: before any compiler sees the graph
-        order_hooks_after_reads(graph_module)
+        if self._raw:  # Note [Hooks run after every read of the tensor they are given]; ours: on the first run
+            order_hooks_after_reads(graph_module)
         # Note [Subclass gradients and AccumulateGrad]; the graph's code is generated once for both rewrites
         stolen = steal_subclass_accumulates(graph_module, recompile=self._raw)
         # Note [One CA graph for fresh and cached forwards]; a caller's own compiler sees the graph as torch gave it

@@ -10,6 +10,7 @@ import torch
 
 from . import _compat, _ddp, _fsdp2, _regional, _split, diagnostics
 from ._epilogue import warn_fallback_once
+from ._hook_order import mutating_hook_calls, order_hooks_after_reads
 from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes, subclass_type_of
 from ._translate import compile_error, grad_dtype_refusal
 from ._warm_start import cacheable as _cacheable
@@ -122,6 +123,9 @@ class CompiledCAGraph:
             # autograd's cache key, so a graph captured without them never runs with FSDP2).
             self._report.runs += 1
             return self._compiled(*args, **kwargs)
+        if self._first_run and self._compiled is None:  # before anything splits or compiles the graph
+            # Note [Hooks run after every read of the tensor they are given]: args[0] is the graph's inputs list
+            order_hooks_after_reads(self._graph_module, args[0] if args and isinstance(args[0], list) else None)
         # Note [FSDP2 under compiled autograd] in _fsdp2.py: detect FSDP2 hooks before the graph
         # runs, run the engine final callbacks eager hooks queue, check FSDP2 finished its backward.
         fsdp2_states = _fsdp2.prepare(self, args)
@@ -147,6 +151,9 @@ class CompiledCAGraph:
         if not points:
             self.allow_graph_breaks(break_reason)
             return
+        self._split_at(points, reason)
+
+    def _split_at(self, points: list[torch.fx.Node], reason: str) -> None:
         split = _split.split_graph(self._graph_module, points, self._compile_piece, self._report)
         self._traced = None
         self._graph_breaks_allowed = True  # eager code (the hooks) runs between the pieces: final callbacks apply
@@ -185,6 +192,8 @@ class CompiledCAGraph:
         except Exception as error:
             if refusal is not None and _compat.is_graph_break(error):
                 raise refusal from error
+            if self._steps_eagerly(error):
+                return self._first(*args, **kwargs)
             if self._checked or not _compat.is_compile_failure(error):
                 if _compat.is_graph_break(error) and not self._graph_breaks_allowed and not raised_in_rebuild(error):
                     raise compile_error(error, args) from error
@@ -195,6 +204,22 @@ class CompiledCAGraph:
         breaks = _compat.graph_break_counts()
         self._report.graph_breaks += sorted(r for r, n in breaks.items() if n > breaks_before.get(r, 0))
         return result
+
+    def _steps_eagerly(self, error: Exception) -> bool:
+        """The whole compile failed on a hook that updates a parameter in place (nothing ran): split the graph at
+        those hooks, which then run eagerly between compiled pieces (Note [Optimizer steps compiled into the CA
+        graph] in ``_compat/optimizer_tracing.py``, its limitation); False when that is not the failure."""
+        if self._compile_graph is not None or not _compat.is_aliased_subclass_mutation(error):
+            return False
+        points = mutating_hook_calls(self._graph_module)
+        if not points:
+            return False
+        self._split_at(
+            points,
+            "hooks handed a wrapper-subclass parameter (optimizer-in-backward) run eagerly: AOTAutograd cannot compile "
+            "an in-place update of an input that another input of the graph aliases (a view the forward saved)",
+        )
+        return True
 
     def _behaviour_key(self, args: tuple[Any, ...]) -> str | None:
         """The key under which this graph's compile may cross processes (Note [Keys by behaviour]); None: never cached."""

@@ -23,6 +23,10 @@ that is handed a tensor from outside the backward (one of the graph's ``inputs``
 after the last node that reads that tensor or an alias of it.  Aliases are found without running
 anything:
 
+* the graph's other inputs that share storage with it, read from the real inputs on the graph's first
+  run (an AOT region may save ``b.t()`` computed in the forward rather than ``b``: another input,
+  the same memory); compiled autograd's cache key holds the autograd graph, so a cached graph is
+  run with the same saved tensors of the same parameters;
 * the outputs of every AOT backward prologue that is handed the tensor (the prologue passes saved
   tensors through, or unwraps a subclass into its inner tensors: which output is which is AOT's
   business, so all of them count -- the hook then runs where eager runs it, after the region);
@@ -40,14 +44,14 @@ this backward, which it may replace but which nothing else reads before it retur
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
 from . import _compat
 from .errors import HookOrderError
 
-__all__ = ["order_hooks_after_reads"]
+__all__ = ["mutating_hook_calls", "order_hooks_after_reads"]
 
 _INPUTS_PLACEHOLDER = 0
 """Position of ``inputs`` among the CA graph's placeholders: (inputs, sizes, scalars, hooks, packed)."""
@@ -64,13 +68,43 @@ def _flat_nodes(value: object) -> Iterator[torch.fx.Node]:
             yield from _flat_nodes(item)
 
 
-def _input_reads(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """``inputs[i]`` nodes: tensors that live outside this backward (parameters, saved tensors)."""
+def _input_reads(graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
+    """``inputs[i]`` nodes and their ``i``: tensors that live outside this backward (parameters, saved tensors)."""
     placeholders = [node for node in graph.nodes if node.op == "placeholder"]
     if len(placeholders) <= _INPUTS_PLACEHOLDER:
-        return set()
+        return {}
     inputs = placeholders[_INPUTS_PLACEHOLDER]
-    return {user for user in inputs.users if user.op == "call_function" and user.target is operator.getitem}
+    return {
+        user: user.args[1]
+        for user in inputs.users
+        if user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int)
+    }
+
+
+def _storages(value: object) -> set[int]:
+    """Identities of the memory a (maybe wrapper-subclass) tensor's plain tensors live in."""
+    if not isinstance(value, torch.Tensor):
+        return set()
+    if _compat.is_traceable_wrapper_subclass(value):
+        names, _ = value.__tensor_flatten__()
+        return set().union(*(_storages(getattr(value, name)) for name in names))
+    try:
+        return {value.untyped_storage()._cdata}
+    except (RuntimeError, NotImplementedError):  # no storage of its own (e.g. sparse): nothing to compare
+        return set()
+
+
+def _same_memory(reads: dict[torch.fx.Node, int], inputs: Sequence[object] | None) -> dict[torch.fx.Node, set[torch.fx.Node]]:
+    """Per input read, the other input reads whose tensors share memory with it (empty without real inputs)."""
+    if inputs is None:
+        return {}
+    by_storage: dict[int, set[torch.fx.Node]] = {}
+    storages: dict[torch.fx.Node, set[int]] = {}
+    for node, index in reads.items():
+        storages[node] = _storages(inputs[index]) if index < len(inputs) else set()
+        for storage in storages[node]:
+            by_storage.setdefault(storage, set()).add(node)
+    return {node: set().union(*(by_storage[s] for s in found)) - {node} for node, found in storages.items() if found}
 
 
 def _returns_alias(node: torch.fx.Node) -> bool:
@@ -84,10 +118,10 @@ def _returns_alias(node: torch.fx.Node) -> bool:
     return any(ret.alias_info is not None and not ret.alias_info.is_write for ret in target._schema.returns)
 
 
-def _aliases(tensor: torch.fx.Node) -> set[torch.fx.Node]:
+def _aliases(tensor: torch.fx.Node, same_memory: set[torch.fx.Node]) -> set[torch.fx.Node]:
     """``tensor`` and every node that may alias it (Note [Hooks run after every read of the tensor they are given])."""
-    found = {tensor}
-    pending = [tensor]
+    found = {tensor, *same_memory}
+    pending = list(found)
     while pending:
         node = pending.pop()
         for user in node.users:
@@ -120,25 +154,34 @@ def _describe(hook: torch.fx.Node) -> str:
     return f"{kind}{slot} ({hook.name})"
 
 
-def order_hooks_after_reads(graph_module: torch.fx.GraphModule) -> int:
+def mutating_hook_calls(graph_module: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The hook calls handed a tensor from outside the backward (which they may update in place), in graph order."""
+    input_reads = _input_reads(graph_module.graph)
+    return [hook for hook in _hook_calls(graph_module.graph) if any(arg in input_reads for arg in _flat_nodes(hook.args[1:]))]
+
+
+def order_hooks_after_reads(graph_module: torch.fx.GraphModule, inputs: Sequence[object] | None = None) -> int:
     """Move each hook handed an input tensor after the last read of that tensor; the number of hooks moved.
 
-    Recompiles ``graph_module``'s code when anything moved.  Raises :class:`HookOrderError` where the
-    order cannot be kept (Note [Hooks run after every read of the tensor they are given]).
+    ``inputs``: the graph's real ``inputs`` list on its first run, which tells which inputs share memory
+    (without it, only the aliases the graph shows are found).  Recompiles ``graph_module``'s code when
+    anything moved.  Raises :class:`HookOrderError` where the order cannot be kept (Note [Hooks run after
+    every read of the tensor they are given]).
     """
     graph = graph_module.graph
     input_reads = _input_reads(graph)
-    hooks = [hook for hook in _hook_calls(graph) if any(arg in input_reads for arg in _flat_nodes(hook.args[1:]))]
+    hooks = mutating_hook_calls(graph_module)
     if not hooks:
         return 0
     hook_set = set(hooks)
+    same_memory = _same_memory(input_reads, inputs)
     position = {node: index for index, node in enumerate(graph.nodes)}
     moves: list[tuple[torch.fx.Node, torch.fx.Node]] = []
     for hook in hooks:
         anchor = hook
         for tensor in (arg for arg in _flat_nodes(hook.args[1:]) if arg in input_reads):
             readers = {
-                user for alias in _aliases(tensor) for user in alias.users if user is not hook and user not in hook_set
+                user for alias in _aliases(tensor, same_memory.get(tensor, set())) for user in alias.users if user is not hook and user not in hook_set
             }
             last = max(readers, key=position.__getitem__, default=hook)
             if position[last] <= position[anchor]:

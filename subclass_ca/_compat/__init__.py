@@ -175,6 +175,7 @@ from .fsdp import (
 from .messages import (
     Refusal,
     fake_lift_refused_type,
+    is_aliased_subclass_mutation,
     is_nested_jagged_refusal,
     raised_exception,
     read_refusal,
@@ -333,6 +334,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "is_dynamo_disabled",
     "is_fake",
     "is_graph_break",
+    "is_aliased_subclass_mutation",
     "is_nested_jagged_refusal",
     "is_op_overload",
     "is_stable_prologue",
@@ -444,6 +446,26 @@ FEATURES: dict[str, str | tuple[str, ...]] = {
 (any one present suffices; the code using them detects which, e.g. ``aot_autograd.epilogue_style()``)."""
 
 OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
+    "optimizer steps traced in a backward hook": (
+        "torch.optim.optimizer:_use_grad_for_differentiable",
+        "an optimizer step in a post-accumulate-grad hook needs graph breaks (enable(fullgraph=False))",
+    ),
+    "Dynamo's optimizer variable": (
+        "torch._dynamo.variables.optimizer:OptimizerVariable",
+        "an optimizer step in a post-accumulate-grad hook needs graph breaks (enable(fullgraph=False))",
+    ),
+    "Dynamo's variable trackers": (
+        "torch._dynamo.variables.base:VariableTracker",
+        "an optimizer step in a post-accumulate-grad hook needs graph breaks (enable(fullgraph=False))",
+    ),
+    "Dynamo's constant and tensor variables": (
+        "torch._dynamo.variables.constant:ConstantVariable",
+        "an optimizer step in a post-accumulate-grad hook needs graph breaks (enable(fullgraph=False))",
+    ),
+    "Dynamo's tensor variable": (
+        "torch._dynamo.variables.tensor:TensorVariable",
+        "an optimizer step in a post-accumulate-grad hook needs graph breaks (enable(fullgraph=False))",
+    ),
     "DDP all-reduce bucketing": (
         ddp.DDP_BUCKETING,
         "a DDP module under enable() all-reduces each gradient on its own (one collective per parameter)",

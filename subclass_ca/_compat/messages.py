@@ -17,7 +17,10 @@ from typing import Any
 
 from .dynamo import graph_break_type
 
-__all__ = ["Refusal", "read_refusal", "raised_exception", "is_nested_jagged_refusal", "fake_lift_refused_type"]
+__all__ = [
+    "Refusal", "read_refusal", "raised_exception", "is_nested_jagged_refusal", "fake_lift_refused_type",
+    "is_aliased_subclass_mutation",
+]
 
 _RAISED = re.compile(r"raised exception (.+)$", re.MULTILINE)
 _RAISED_CALL = re.compile(r"raised exception (\w+)\((.*)\)\s*$", re.MULTILINE)
@@ -26,6 +29,7 @@ _EXPLANATION = re.compile(r"^\s*Explanation: (.+)$", re.MULTILINE)
 _HOOK_TYPE = re.compile(r"hook_type = '(\w+)'")
 _CONSTANT_VARIABLE = re.compile(r"ConstantVariable\(\w+: ")
 _NESTED_JAGGED = "NestedTensor support not implemented"
+_ALIASED_SUBCLASS_MUTATION = re.compile(r"aliased inputs that are mutated in the graph, but at least one input/output\s+to the graph is a tensor subclass")
 _FAKE_LIFT = re.compile(r"Found tensor of type (?P<type><[^>]*>|\S+), which is not supported by FakeTensorMode")
 
 
@@ -117,3 +121,15 @@ def fake_lift_refused_type(error: BaseException | None) -> str | None:
         return None
     lifted = _FAKE_LIFT.search(str(error))
     return lifted["type"] if lifted else None
+
+
+def is_aliased_subclass_mutation(error: BaseException | None) -> bool:
+    """AOTAutograd refusing to compile an in-place update of an input that another input aliases, with a subclass
+    among the graph's inputs or outputs (an optimizer step on a wrapper-subclass parameter whose view was saved)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if _ALIASED_SUBCLASS_MUTATION.search(str(error)):
+            return True
+        error = getattr(error, "inner_exception", None) or error.__cause__
+    return False

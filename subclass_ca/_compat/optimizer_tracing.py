@@ -27,7 +27,13 @@ All three act only while one of subclass_ca's CA graphs runs (the ``ca-graph-run
 [Workaround scopes]): a user's own ``torch.compile``-d step keeps torch's graph breaks.  Optimizers
 outside ``torch.optim`` are traced as Dynamo traces them; where that needs a graph break,
 ``GraphBreakError`` names the hook (and ``fullgraph=False`` is then correct: Note [Hooks run after
-every read of the tensor they are given]).
+every read of the tensor they are given]).  One torch limitation remains: AOTAutograd refuses an
+in-place update of an input that another input aliases when a wrapper subclass is among the graph's
+inputs (a TwoTensor parameter whose transposed view the forward saved).  The CA graph's first
+compile then fails before anything ran; ``CompiledCAGraph`` splits the graph at the hooks handed a
+parameter, which then run eagerly (plain Python, as eager autograd runs them) between pieces compiled
+with ``fullgraph=True``, and the capture report says so.  Not a graph break with Dynamo resuming
+inside the step: a step Dynamo compiles over TwoTensor parameters computed Adam 6e-3 off eager.
 """
 
 from __future__ import annotations
