@@ -64,3 +64,16 @@ def test_known_torch_refusals():
     refused = NotImplementedError("Found tensor of type <class 'm.Q'>, which is not supported by FakeTensorMode")
     assert _compat.fake_lift_refused_type(refused) == "<class 'm.Q'>"
     assert _compat.fake_lift_refused_type(NotImplementedError("other")) is None
+
+
+def test_aliased_subclass_mutation_is_found_through_the_backend_failure_chain():
+    aot = RuntimeError(
+        "        Encountered aliased inputs that are mutated in the graph, but at least one input/output\n"
+        "        to the graph is a tensor subclass. This is not supported today."
+    )
+    wrapped = RuntimeError("backend='aot_eager' raised")
+    wrapped.__cause__ = aot
+    assert _compat.is_aliased_subclass_mutation(aot)
+    assert _compat.is_aliased_subclass_mutation(wrapped)
+    assert not _compat.is_aliased_subclass_mutation(RuntimeError("Encountered aliased inputs"))
+    assert not _compat.is_aliased_subclass_mutation(None)
