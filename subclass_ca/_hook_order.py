@@ -34,11 +34,11 @@ anything:
   of any alias, transitively.
 
 A moved hook keeps its relative order with the other hooks of the same anchor, and its ``hooks[i]``
-read stays where it was.  A hook whose result is used (a hook that returns a value) cannot be
-moved past a reader that comes after one of its users; that raises :class:`HookOrderError` naming
-the hook and the tensor -- never a reordered graph that computes something else.  A hook handed
-only gradients (tensor hooks, node pre/post hooks) is not moved: its arguments are fresh values of
-this backward, which it may replace but which nothing else reads before it returns.
+read stays where it was.  A hook whose result is used cannot be moved past a reader that comes after one of its users;
+that raises :class:`HookOrderError` naming the hook and the tensor -- never a reordered graph that
+computes something else.  The rule is for post-accumulate-grad hooks, the hooks handed a parameter:
+every other hook (tensor hooks, node pre/post hooks) and a custom Function's backward is handed
+gradients or its own saved tensors and already runs where eager runs it.
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ from .errors import HookOrderError
 
 __all__ = ["mutating_hook_calls", "order_hooks_after_reads"]
 
+_POST_ACCUMULATE_GRAD = "post_acc_grad_hook"
+"""compiled autograd's ``hook_type`` of a post-accumulate-grad hook call."""
 _INPUTS_PLACEHOLDER = 0
 """Position of ``inputs`` among the CA graph's placeholders: (inputs, sizes, scalars, hooks, packed)."""
 
@@ -141,8 +143,12 @@ def _aliases(tensor: torch.fx.Node, same_memory: set[torch.fx.Node]) -> set[torc
 
 
 def _hook_calls(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """Post-accumulate-grad hook calls: the hooks handed the parameter itself (every other hook gets gradients)."""
     calls = _compat.hook_calls()
-    return [node for node in graph.nodes if node.op == "call_function" and node.target in calls]
+    return [
+        node for node in graph.nodes
+        if node.op == "call_function" and node.target in calls and node.kwargs.get("hook_type") == _POST_ACCUMULATE_GRAD
+    ]
 
 
 def _describe(hook: torch.fx.Node) -> str:

@@ -61,9 +61,9 @@ OPTIMIZERS = {
 }
 
 
-def _build(kind: str, optimizer: str, foreach: bool, set_to_none: bool = True) -> torch.nn.Module:
+def _build(kind: str, optimizer: str, foreach: bool, set_to_none: bool = True, device: str = "cpu") -> torch.nn.Module:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(LoRA(kind), torch.nn.ReLU(), torch.nn.Linear(D, 4))
+    model = torch.nn.Sequential(LoRA(kind), torch.nn.ReLU(), torch.nn.Linear(D, 4)).to(device)
     optimizers = {p: OPTIMIZERS[optimizer]([p], foreach) for p in model.parameters() if p.requires_grad}
 
     def step_in_backward(param: torch.Tensor) -> None:
@@ -75,24 +75,28 @@ def _build(kind: str, optimizer: str, foreach: bool, set_to_none: bool = True) -
     return model
 
 
-def _inputs() -> list[torch.Tensor]:
+def _inputs(device: str = "cpu") -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
-    return [torch.randn(8, D, generator=generator) for _ in range(STEPS)]
+    return [torch.randn(8, D, generator=generator).to(device) for _ in range(STEPS)]
 
 
 def _loss(output: torch.Tensor) -> torch.Tensor:
     return output.pow(2).mean()
 
 
+def _device(model: torch.nn.Module) -> str:
+    return next(model.parameters()).device.type
+
+
 def _train_eager(model: torch.nn.Module) -> torch.nn.Module:
-    for x in _inputs():
+    for x in _inputs(_device(model)):
         _loss(model(x)).backward()
     return model
 
 
 def _train(model: torch.nn.Module, backend: str = "aot_eager", **enable_kwargs) -> torch.nn.Module:
     compiled = torch.compile(model, backend=backend)
-    for x in _inputs():
+    for x in _inputs(_device(model)):
         loss = _loss(compiled(x))
         with subclass_ca.enable(backend=backend, **enable_kwargs):
             loss.backward()
@@ -109,7 +113,7 @@ def _assert_trained_alike(want: torch.nn.Module, got: torch.nn.Module, kind: str
     expected, actual = _trainable(want), _trainable(got)
     for name, tensors in expected.items():
         torch.testing.assert_close(actual[name], tensors, **TOLERANCE, msg=lambda m, n=name: f"{n}: {m}")
-    initial = _trainable(_build(kind, "adam", False))
+    initial = _trainable(_build(kind, "adam", False, device=_device(want)))
     moved = [name for name, tensors in expected.items() if not all(map(torch.equal, tensors, initial[name]))]
     assert moved, "no parameter changed: the hooks never stepped"
 
@@ -124,9 +128,9 @@ def _kinds() -> list:
 
 
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "graph-breaks-allowed"])
-def test_issue_59_snippet_trains_like_eager_under_both_fullgraph_settings(fullgraph):
-    want = _train_eager(_build("plain", "adamw", False))
-    got = _train(_build("plain", "adamw", False), fullgraph=fullgraph)
+def test_issue_59_snippet_trains_like_eager_under_both_fullgraph_settings(fullgraph, device):
+    want = _train_eager(_build("plain", "adamw", False, device=device))
+    got = _train(_build("plain", "adamw", False, device=device), fullgraph=fullgraph)
     _assert_trained_alike(want, got)
 
 
@@ -180,9 +184,9 @@ def test_a_users_own_compiled_step_keeps_torchs_graph_breaks():
 
 
 @pytest.mark.inductor
-def test_torchtune_pattern_compiles_whole_under_inductor():
-    want = _train_eager(_build("plain", "adamw", True))
-    got = _train(_build("plain", "adamw", True), backend="inductor")
+def test_torchtune_pattern_compiles_whole_under_inductor(device):
+    want = _train_eager(_build("plain", "adamw", True, device=device))
+    got = _train(_build("plain", "adamw", True, device=device), backend="inductor")
     _assert_trained_alike(want, got)
     assert subclass_ca.last_report().fullgraph
 
@@ -230,3 +234,17 @@ def test_a_hook_moves_after_every_read_of_its_tensor_and_aliases():
     order = list(graph_module.graph.nodes)
     assert order.index(call_hook) == order.index(read) + 1
     assert _hook_order.order_hooks_after_reads(graph_module) == 0  # already in eager's order
+
+
+def test_hooks_handed_gradients_are_left_where_they_are():
+    """A tensor pre-hook on the root gradient (an input) whose result is used: not a parameter hook, not moved."""
+    graph = torch.fx.Graph()
+    inputs, _sizes, _scalars, hooks, _packed = (graph.placeholder(name) for name in ("inputs", "sizes", "scalars", "hooks", "packed_data"))
+    import operator
+
+    root = graph.call_function(operator.getitem, (inputs, 0))
+    hooked = graph.call_function(_compat.hook_calls()[0], (graph.call_function(operator.getitem, (hooks, 0)), root),
+                                 {"hook_type": "tensor_pre_hook"})
+    graph.output([graph.call_function(torch.ops.aten.add.Tensor, (hooked, root))])
+    graph_module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert _hook_order.order_hooks_after_reads(graph_module) == 0
