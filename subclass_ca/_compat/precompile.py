@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import pickle
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +34,9 @@ __all__ = [
     "is_dropped_guard",
 ]
 
+NON_LEAF_GRAD_WARNING = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+"""torch's UserWarning for reading ``.grad`` of a non-leaf tensor, which its guards pickler does for a CA graph input
+that is a saved activation: our recording's doing, not the user's, so it is silenced there and only there."""
 PRECOMPILE_PARTS = {
     "package": "torch._dynamo.package:CompilePackage",
     "guards state loader": "torch._dynamo.package:load_guards_state",
@@ -191,7 +195,12 @@ def guard_requires_grad_swap() -> AttributeSwap:
     def make(original: Any) -> Any:
         def reducer_override(self: Any, obj: Any) -> Any:
             try:
-                reduced = original(self, obj)
+                if isinstance(obj, torch.Tensor) and not obj.is_leaf:
+                    with warnings.catch_warnings():  # torch's pickler reads every input's .grad (a saved activation's too)
+                        warnings.filterwarnings("ignore", message=NON_LEAF_GRAD_WARNING, category=UserWarning)
+                        reduced = original(self, obj)
+                else:
+                    reduced = original(self, obj)
             except Exception as error:
                 if not isinstance(obj, torch.Tensor):
                     raise
