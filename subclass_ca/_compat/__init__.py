@@ -17,7 +17,22 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedTorchError
-from . import accumulate, aot_autograd, caches, compiled_autograd, ddp, dynamo, engine, fsdp, messages, precompile, tracing, version, workarounds
+from . import (
+    accumulate,
+    aot_autograd,
+    caches,
+    compiled_autograd,
+    ddp,
+    dynamo,
+    engine,
+    fsdp,
+    logs,
+    messages,
+    precompile,
+    tracing,
+    version,
+    workarounds,
+)
 from ._lookup import lookup
 from ._patch import BLOCKS, CA_CAPTURE, CA_GRAPH_RUN, AnyScope, AttributeSwap, CallSwap, PatchSet, Scope, Swap, gated, uninstall_resident
 from .accumulate import (
@@ -41,6 +56,7 @@ from .aot_autograd import (
     backward_output_examples,
     creation_meta,
     epilogue_style,
+    forward_backend,
     has_subclass_grads,
     swapped_epilogue,
 )
@@ -86,6 +102,7 @@ from .compiled_autograd import (
     ca_graph_call_signature,
     ca_verbose_log,
     cache_key_swap,
+    capture_id,
     capture_watch_swaps,
     clear_compiled_autograd_cache,
     compiled_autograd_state,
@@ -172,6 +189,7 @@ from .fsdp import (
     fsdp2_types,
     fsdp2_unfinished,
 )
+from .logs import register_log, structured_trace_enabled, trace_artifact
 from .messages import (
     Refusal,
     fake_lift_refused_type,
@@ -258,6 +276,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "call_accumulate_grad",
     "CallSwap",
     "capture_accumulate_swap",
+    "capture_id",
     "capture_watch_swaps",
     "clear_compiled_autograd_cache",
     "collect_engine_callbacks",
@@ -300,6 +319,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "final_callback_redirect_problem",
     "flat_input_backend",
     "forget_support_check",
+    "forward_backend",
     "forward_cache_key",
     "forward_has_subclass_inputs",
     "frame_compile_swap",
@@ -343,6 +363,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "is_traceable_wrapper_subclass_type",
     "LAZY_GRAPH_MODULES",
     "load_cache_artifacts",
+    "logs",
     "marked_cacheable_functions",
     "MARKED_CACHEABLE_OPTION",
     "marked_cacheable_supported",
@@ -370,6 +391,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "read_refusal",
     "recorded_frame",
     "recording_bypassed",
+    "register_log",
     "Refusal",
     "require_support",
     "reset_compiled_autograd",
@@ -381,6 +403,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "split_defers_codegen",
     "STABLE_PROLOGUES",
     "static_size_args",
+    "structured_trace_enabled",
     "stock_ca_compiler",
     "Swap",
     "swapped_epilogue",
@@ -389,6 +412,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "to_proxy",
     "to_python_reducer",
     "torch_state_snapshot",
+    "trace_artifact",
     "trace_desugared",
     "TRACE_WRAPPED",
     "TRACE_WRAPPED_USERS",
@@ -586,6 +610,27 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
     "reference TwoTensor": (
         "torch.testing._internal.two_tensor:TwoTensor",
         "no built-in TwoTensor handler; the probe for a recycled .grad symbolic context finds nothing to fix",
+    ),
+    "inductor compiled output": (
+        aot_autograd.INDUCTOR_OUTPUT,
+        "none: enable() without a backend follows a forward it cannot name with torch.compile's default, inductor",
+    ),
+    "aot_eager forward compiler": (
+        aot_autograd.AOT_EAGER_COMPILER,
+        "enable() without a backend compiles the backward of an aot_eager forward with inductor "
+        "(Note [Defaults follow the user] in config.py)",
+    ),
+    "TORCH_LOGS registry": (
+        logs.LOG_REGISTRY,
+        "TORCH_LOGS=subclass_ca still works (torch's module-name rule) but is not listed by TORCH_LOGS=help",
+    ),
+    "compile ids": (
+        logs.COMPILE_ID,
+        "subclass_ca's TORCH_TRACE entries are not filed with the CA graph they describe",
+    ),
+    "structured trace": (
+        logs.STRUCTURED_TRACE,
+        "a TORCH_TRACE run holds no subclass_ca entries (CA graphs, cache misses, warm-start hits, trust refusals)",
     ),
     "Dynamo local source": (
         "torch._dynamo.source:LocalSource",

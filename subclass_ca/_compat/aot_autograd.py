@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,12 +30,19 @@ __all__ = [
     "EPILOGUES",
     "MODULE_EPILOGUE",
     "STABLE_PROLOGUES",
+    "INDUCTOR_OUTPUT",
+    "AOT_EAGER_COMPILER",
+    "forward_backend",
 ]
 
 SCHEMAS = "torch._functorch._aot_autograd.schemas"
 RUNTIME_WRAPPERS = "torch._functorch._aot_autograd.runtime_wrappers"
 EPILOGUE_WRAPPER = "torch._functorch._aot_autograd.subclass_utils:wrap_tensor_subclasses"
 BW_MODULE_EXTRACTION = "torch._dynamo.compiled_autograd:extract_bw_module"
+INDUCTOR_OUTPUT = "torch._inductor.output_code:OutputCode"
+"""What inductor's compiler returns for each graph it compiles (an AOT function's ``compiled_fw``)."""
+AOT_EAGER_COMPILER = "torch._dynamo.backends.debugging:boxed_nop"
+"""The forward and backward compiler of ``aot_eager`` (and its decomposition variants): returns the graph itself."""
 CREATION_META_FIELDS = (
     "flat_tensor_start_idx",
     "arg_count",
@@ -268,3 +276,37 @@ capture, growing Dynamo's allowed-callable id set forever.  The closure only clo
 the AOT function's constant ``_bw_prologue_fn``, so the first one is reused.  Acquired only
 while one of our AOT-backward proxies runs.
 """
+
+
+def _class_in_loaded_module(dotted: str) -> Any:
+    """``dotted``'s object when its module is already imported (never imports inductor for a question), else None."""
+    module_name, _, attr = dotted.partition(":")
+    module = sys.modules.get(module_name)
+    return getattr(module, attr, None) if module is not None else None
+
+
+def forward_backend(ctx: Any) -> str | None:
+    """The backend that compiled the forward of an AOT backward node: ``"inductor"``, ``"aot_eager"``, or None.
+
+    Read off the AOT function's compiled forward (``compiled_fw``, unwrapped through the ``functools.wraps``
+    of AOT's runtime wrappers): an inductor output, or the function ``boxed_nop`` returns.  None for any
+    other compiler (a custom backend) and where torch keeps neither (Note [Defaults follow the user] in
+    ``config.py``).
+    """
+    compiled = getattr(getattr(ctx, "_forward_cls", None), "compiled_fw", None)
+    for _ in range(16):
+        inner = getattr(compiled, "__wrapped__", None)
+        if inner is None:
+            break
+        compiled = inner
+    output_code = _class_in_loaded_module(INDUCTOR_OUTPUT)
+    if isinstance(output_code, type) and isinstance(compiled, output_code):
+        return "inductor"
+    boxed_nop = _class_in_loaded_module(AOT_EAGER_COMPILER)
+    if (
+        boxed_nop is not None
+        and getattr(compiled, "__module__", None) == boxed_nop.__module__
+        and getattr(compiled, "__qualname__", "").startswith(boxed_nop.__qualname__ + ".")
+    ):
+        return "aot_eager"
+    return None

@@ -7,6 +7,7 @@ import hashlib
 import importlib
 import inspect
 import re
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "reset_compiled_autograd",
     "clear_compiled_autograd_cache",
     "capture_watch_swaps",
+    "capture_id",
     "ca_counters",
     "ca_verbose_log",
     "verbose_logger_swap",
@@ -214,6 +216,13 @@ def clear_compiled_autograd_cache() -> None:
 
 
 _CAPTURING = "_subclass_ca_capturing"
+_capturing = threading.local()
+
+
+def capture_id() -> int | None:
+    """Compiled autograd's id of the latest capture begun in this thread (the ``compiled_autograd_id`` of its compile
+    id, under which torch's own trace entries of that CA graph are filed), or None."""
+    return getattr(_capturing, "id", None)
 
 
 def _untraced(gate: Any) -> Any:
@@ -258,6 +267,7 @@ def capture_watch_swaps(on_abandoned: Callable[[], None]) -> list[AttributeSwap]
                 return original(self, *args, **kwargs)
             finally:
                 CA_CAPTURE.exit()
+                _capturing.id = getattr(self, "id", None)  # compiled autograd's id of this capture (set by torch's begin)
 
         return _untraced(gated(BLOCKS, original, begin_capture))
 
