@@ -209,6 +209,7 @@ def proxy_call_aot_backward(compiler: Any, ctx: Any, call_original: Any) -> Any:
 def _proxy_aot_backward_with_epilogue(compiler: Any, ctx: Any, call_original: Any, settings: Config) -> Any:
     diagnostics.begin_capture(compiler)
     diagnostics.record_aot_backward()
+    diagnostics.record_forward_backend(_compat.forward_backend(ctx))  # Note [Defaults follow the user] in config.py
     _cacheable.remember_forward(ctx)
     if not _compat.has_subclass_grads(ctx):
         return call_original()

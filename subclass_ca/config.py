@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-__all__ = ["Config", "CACHE_ENV", "DYNAMIC_CHOICES", "ON_UNSUPPORTED", "SETTINGS", "CACHE_KEYED_SETTINGS", "FLAGS", "cache_key"]
+__all__ = [
+    "Config", "CACHE_ENV", "DEFAULT_BACKEND", "DYNAMIC_CHOICES", "ON_UNSUPPORTED", "SETTINGS", "CACHE_KEYED_SETTINGS",
+    "FLAGS", "cache_key", "followed",
+]
 
 ON_UNSUPPORTED: tuple[str, ...] = ("error", "eager")
 CACHE_ENV = "SUBCLASS_CA_CACHE"
 """``SUBCLASS_CA_CACHE=0`` in the environment makes ``cache=False`` the default of every ``enable()``."""
 _RESERVED_COMPILE_KWARGS = ("backend", "fullgraph", "dynamic")
 """Set through their own fields, never through compile_kwargs."""
+DEFAULT_BACKEND = "inductor"
+"""``torch.compile``'s default backend: what ``Config.backend=None`` compiles with when no forward names one."""
 DYNAMIC_CHOICES: tuple[bool | None, ...] = (None, True, False)
 """``Config.dynamic``: static-first (None, the default), dynamic from the first capture, never dynamic."""
 
@@ -22,8 +27,10 @@ DYNAMIC_CHOICES: tuple[bool | None, ...] = (None, True, False)
 class Config:
     """Settings of one ``subclass_ca.enable()`` block (frozen; validated on creation)."""
 
-    backend: str | Callable[..., Any] = "aot_eager"
-    """Anything ``torch.compile(backend=...)`` accepts: a name or a ``(gm, example_inputs)`` callable."""
+    backend: str | Callable[..., Any] | None = None
+    """Anything ``torch.compile(backend=...)`` accepts: a name or a ``(gm, example_inputs)`` callable.  None (the
+    default): the backend that compiled the forwards the backward captures, else ``torch.compile``'s default,
+    inductor (Note [Defaults follow the user])."""
     compile_kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``torch.compile`` of the CA graph (not backend/fullgraph)."""
     dynamic: bool | None = None
@@ -54,8 +61,8 @@ class Config:
     and a backward that fails to compile fails before any gradient)."""
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.backend, str) or callable(self.backend)):
-            raise ValueError(f"Config.backend must be a backend name or a callable, got {self.backend!r}")
+        if not (self.backend is None or isinstance(self.backend, str) or callable(self.backend)):
+            raise ValueError(f"Config.backend must be None, a backend name or a callable, got {self.backend!r}")
         if isinstance(self.backend, str) and not self.backend:
             raise ValueError("Config.backend must not be empty; use e.g. 'aot_eager' or 'inductor'")
         if not isinstance(self.compile_kwargs, Mapping):
@@ -90,3 +97,36 @@ def cache_key(config: Config) -> tuple[Any, ...]:
         repr(sorted(config.compile_kwargs.items())) if name == "compile_kwargs" else getattr(config, name)
         for name in CACHE_KEYED_SETTINGS
     )
+
+
+# Note [Defaults follow the user]
+# -------------------------------
+# Most models are compiled as ``torch.compile(model)``: inductor.  A CA graph compiled with another
+# backend than its forwards' gives a slower step (an inductor-compiled MLP stack under a bare
+# ``enable()`` that compiled with aot_eager stepped 1.36x compile-only's) or, the other way round,
+# a surprise.  So ``Config.backend=None``, the default, is resolved per capture, from what the
+# capture holds: each AOT backward pasted into the CA graph names the backend that compiled its
+# forward (``_compat.forward_backend``: inductor, aot_eager, or unknown), recorded as the capture
+# runs (``diagnostics.forward_backends``).  One backend named by every forward is followed;
+# no AOT backward (an eager forward), an unknown compiler (a custom backend) or several distinct
+# ones give ``torch.compile``'s default, inductor.  An explicit ``backend=`` always wins, and the
+# testing kit names ``aot_eager`` where it certifies bitwise.
+#
+# Resolution happens at capture, never at ``enable()``: one block may back-propagate through
+# forwards compiled differently.  The resolved value is the Config the compiled CA graph carries,
+# so what keys its compile across processes (``cache_key`` in its kept-trace and behaviour keys)
+# holds the backend it was compiled with.  Within a process compiled autograd's cache keeps
+# ``backend=None`` graphs apart from every explicit backend (the token, Note [Keeping CA caches
+# apart]), and among ``backend=None`` graphs the key holds each AOT function's identity, which
+# fixes the backend that compiled it: a cached graph is never reused for forwards that would
+# resolve otherwise.
+
+
+def followed(config: Config, forward_backends: Iterable[str | None]) -> Config:
+    """``config`` with ``backend=None`` resolved for a capture whose forwards were compiled by ``forward_backends``
+    (None: a compiler we cannot name); ``config`` itself when it names a backend (Note [Defaults follow the user])."""
+    if config.backend is not None:
+        return config
+    names = set(forward_backends)
+    backend = names.pop() if len(names) == 1 and None not in names else DEFAULT_BACKEND
+    return replace(config, backend=backend)

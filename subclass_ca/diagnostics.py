@@ -2,7 +2,12 @@
 
 A report is built when compiled autograd hands a captured graph to our compiler
 function; ``last_report()`` returns the newest, ``reports()`` all of this process's.
-Logging goes to the ``subclass_ca`` logger (quiet by default; ``SUBCLASS_CA_LOG=info|debug``).
+Logging goes to the ``subclass_ca`` logger (quiet by default; ``SUBCLASS_CA_LOG=info|debug``, or torch's
+``TORCH_LOGS=subclass_ca`` / ``TORCH_LOGS=+subclass_ca``, Note [subclass_ca in torch's logs] in
+``_compat/logs.py``).  A ``TORCH_TRACE`` run also gets structured-trace artifacts, rendered by tlparse:
+each CA graph with its named subclass nodes (``subclass_ca_graph``), compiled autograd's cache-miss
+reasons (``subclass_ca_cache_miss``), warm-start hits and misses (``subclass_ca_warm_start``) and
+refused cache files or folders (``subclass_ca_trust_refusal``).
 
 Cache hits and recompiles.  Compiled autograd keeps its own cache of captured graphs,
 keyed on the autograd graph's structure and sizes; a cache miss is a new capture (one
@@ -42,6 +47,11 @@ __all__ = [
     "named_callables",
     "recipe_count",
     "logger",
+    "forward_backends",
+    "record_forward_backend",
+    "record_warm_start",
+    "record_trust_refusal",
+    "ARTIFACTS",
 ]
 
 logger = logging.getLogger("subclass_ca")
@@ -52,6 +62,11 @@ if _level in ("INFO", "DEBUG", "WARNING"):
         _stream = logging.StreamHandler()
         _stream.setFormatter(logging.Formatter("[subclass_ca %(levelname)s] %(message)s"))
         logger.addHandler(_stream)
+
+_compat.register_log("subclass_ca", ["subclass_ca"])  # Note [subclass_ca in torch's logs]
+
+ARTIFACTS = ("subclass_ca_graph", "subclass_ca_cache_miss", "subclass_ca_warm_start", "subclass_ca_trust_refusal")
+"""The names of our structured-trace artifacts (``TORCH_TRACE``), as tlparse lists them."""
 
 _MAX_REPORTS = 256
 
@@ -94,6 +109,11 @@ class CaptureReport:
     made while no reason hook was installed, e.g. the very first one of a process on old torch)."""
     miss_reasons_available: bool = True
     """False when reasons were not collected (not asked for, or this torch gives no hook)."""
+    forward_backends: Counter = field(default_factory=Counter)
+    """Which backend compiled the forward of each captured AOT backward (None: one we cannot name)."""
+    backend: str | None = None
+    """The backend the CA graph is compiled with (``enable(backend=...)``, or the one followed: Note [Defaults
+    follow the user] in ``config.py``); None where the compiler did not say."""
 
     @property
     def cache_hits(self) -> int:
@@ -111,8 +131,11 @@ class CaptureReport:
     def summary(self) -> str:
         lines = [
             f"capture #{self.capture_index}: {self.aot_backwards} AOT backward(s), {self.graph_nodes} graph nodes, "
-            f"fullgraph={self.fullgraph}",
+            f"fullgraph={self.fullgraph}" + (f", backend={self.backend}" if self.backend is not None else ""),
         ]
+        if self.forward_backends:
+            named = ", ".join(f"{name or 'unknown'} x{n}" for name, n in sorted(self.forward_backends.items(), key=str))
+            lines.append(f"  forwards compiled by: {named}")
         for (name, mode), count in sorted(self.subclass_nodes.items()):
             lines.append(f"  {count} x make_subclass {name} [{mode}]")
         if self.regional_pieces:
@@ -140,7 +163,7 @@ _capture_count = 0
 def _pending_events() -> dict[str, Any]:
     events = getattr(_pending, "events", None)
     if events is None:
-        events = _pending.events = {"aot_backwards": 0, "nodes": Counter(), "fallbacks": [], "misses": []}
+        events = _pending.events = {"aot_backwards": 0, "nodes": Counter(), "fallbacks": [], "misses": [], "forwards": Counter()}
     return events
 
 
@@ -154,12 +177,23 @@ def begin_capture(compiler: Any) -> None:
     events = _pending_events()
     owner = events.get("compiler")
     if owner is not None and owner() is not compiler:
-        events.update(aot_backwards=0, nodes=Counter(), fallbacks=[])
+        events.update(aot_backwards=0, nodes=Counter(), fallbacks=[], forwards=Counter())
     events["compiler"] = weakref.ref(compiler)
 
 
 def record_aot_backward() -> None:
     _pending_events()["aot_backwards"] += 1
+
+
+def record_forward_backend(backend: str | None) -> None:
+    """The backend that compiled the forward of an AOT backward this capture pastes (None: one we cannot name)."""
+    _pending_events()["forwards"][backend] += 1
+
+
+def forward_backends() -> Counter:
+    """The backends that compiled the forwards of the capture running in this thread (Note [Defaults follow the
+    user] in ``config.py``); read by the compiler before it compiles the graph."""
+    return Counter(_pending_events()["forwards"])
 
 
 def record_subclass_node(type_name: str, mode: str) -> None:
@@ -175,6 +209,22 @@ def record_cache_miss(reason: str) -> None:
     """A compiled-autograd cache miss (torch's message); the next capture's report keeps it."""
     _pending_events()["misses"].append(reason)
     logger.debug("compiled autograd %s", reason[:1].lower() + reason[1:])
+    _compat.trace_artifact("subclass_ca_cache_miss", lambda: reason)  # before its capture begins: no id yet
+
+
+def record_warm_start(event: str, key: str, detail: str = "") -> None:
+    """A warm-start event: ``event`` is ``"hit"`` (a kept trace replayed), ``"miss"`` (none found: traced afresh),
+    ``"recorded"`` or ``"refused"`` (torch gave the recording up); ``key`` names the CA graph's record."""
+    text = f"warm start {event}: {key}" + (f" ({detail})" if detail else "")
+    logger.debug("%s", text)
+    _compat.trace_artifact("subclass_ca_warm_start", lambda: text)
+
+
+def record_trust_refusal(topic: str, where: str, message: str) -> None:
+    """A cache file, kept trace or folder that was not read because it is not trusted (Note [Trusting a compile
+    cache] in ``_warm_start/trust.py``): logged at INFO and traced each time, warned about once by the caller."""
+    logger.info("untrusted %s in %s: %s", topic, where, message)
+    _compat.trace_artifact("subclass_ca_trust_refusal", lambda: f"{topic} {where}\n{message}")
 
 
 def record_run(report: CaptureReport) -> None:
@@ -277,8 +327,10 @@ def miss_reasons_requested() -> bool:
     return logger.isEnabledFor(logging.INFO)
 
 
-def finish_capture(*, graph_nodes: int, fullgraph: bool, ca_counters: dict[str, int], graph_code: str) -> CaptureReport:
-    """Turn the events recorded since the previous capture into a report."""
+def finish_capture(
+    *, graph_nodes: int, fullgraph: bool, ca_counters: dict[str, int], graph_code: str, backend: Any = None
+) -> CaptureReport:
+    """Turn the events recorded since the previous capture into a report (``backend``: what compiles the graph)."""
     global _capture_count
     events = _pending_events()
     _pending.events = None
@@ -294,11 +346,16 @@ def finish_capture(*, graph_nodes: int, fullgraph: bool, ca_counters: dict[str, 
             graph_code=graph_code,
             miss_reasons=events["misses"],
             miss_reasons_available=CACHE_MISS_LOG.holders > 0,
+            forward_backends=events["forwards"],
+            backend=None if backend is None else backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend)),
         )
         _capture_count += 1
         _reports.append(report)
         del _reports[:-_MAX_REPORTS]
     logger.info("%s", report.summary())
+    _compat.trace_artifact(
+        "subclass_ca_graph", lambda: f"{report.summary()}\n\n{graph_code}", compiled_autograd_id=_compat.capture_id()
+    )
     return report
 
 
