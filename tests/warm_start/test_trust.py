@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import stat
 import subprocess
 import sys
@@ -327,7 +328,9 @@ def test_a_two_rank_torchrun_job_sharing_a_key_through_the_environment_loads_one
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--local-addr", "127.0.0.1", str(script), str(shared_file)]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ranks = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"rank"')), key=lambda r: r["rank"])
+    decoder = json.JSONDecoder()  # the ranks share torchrun's stdout: one rank's line may run into the other's
+    ranks = sorted((decoder.raw_decode(done.stdout, found.start())[0] for found in re.finditer(r'\{"rank"', done.stdout)),
+                   key=lambda r: r["rank"])
     assert [r["rank"] for r in ranks] == [0, 1], done.stdout
     for rank in ranks:
         assert rank["artifact_bytes"] == saved["saved_bytes"] and rank["traced_graphs"] == saved["traced_graphs_saved"], rank
