@@ -20,7 +20,7 @@ from ._canonical import canonical_form
 from ._graph import CompiledCAGraph
 from ._hook_order import order_hooks_after_reads
 from ._nodes import mode_of, subclass_nodes
-from .config import Config, cache_key
+from .config import Config, cache_key, followed
 
 __all__ = ["CACompiler", "cache_token", "Settings", "settings_for"]
 
@@ -80,13 +80,14 @@ class CACompiler:
         if not self._raw and not canonical_form(graph_module) and stolen:
             graph_module.recompile()
         nodes = subclass_nodes(graph_module.graph)
-        config = self.subclass_ca_config
+        config = followed(self.subclass_ca_config, diagnostics.forward_backends())  # Note [Defaults follow the user]
         fullgraph = config.fullgraph and not any(mode_of(node) == "opaque" for node in nodes)
         report = diagnostics.finish_capture(
             graph_nodes=len(graph_module.graph.nodes),
             fullgraph=fullgraph,
             ca_counters=_compat.ca_counters(),
             graph_code=graph_module.code,
+            backend=config.backend,
         )
         if config.report:
             diagnostics.logger.warning("%s", report.summary())

@@ -10,7 +10,7 @@ import torch
 
 from . import _compat, _ddp, _fsdp2, _regional, _split, diagnostics
 from ._epilogue import warn_fallback_once
-from ._hook_order import mutating_hook_calls, order_hooks_after_reads
+from ._hook_order import hooks_to_run_eagerly, mutating_hook_calls, order_hooks_after_reads
 from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes, subclass_type_of
 from ._translate import compile_error, grad_dtype_refusal
 from ._warm_start import cacheable as _cacheable
@@ -20,6 +20,10 @@ from .config import Config
 from .errors import UnsupportedSubclassError
 
 __all__ = ["CompiledCAGraph"]
+
+
+_HOOKS_ARG = 3
+"""Position of ``hooks`` among a CA graph's arguments: (inputs, sizes, scalars, hooks, packed_data)."""
 
 
 def _dynamic(config: Config) -> bool | None:
@@ -126,6 +130,7 @@ class CompiledCAGraph:
         if self._first_run and self._compiled is None:  # before anything splits or compiles the graph
             # Note [Hooks run after every read of the tensor they are given]: args[0] is the graph's inputs list
             order_hooks_after_reads(self._graph_module, args[0] if args and isinstance(args[0], list) else None)
+            self._parameter_hooks_eagerly(args)
         # Note [FSDP2 under compiled autograd] in _fsdp2.py: detect FSDP2 hooks before the graph
         # runs, run the engine final callbacks eager hooks queue, check FSDP2 finished its backward.
         fsdp2_states = _fsdp2.prepare(self, args)
@@ -204,6 +209,27 @@ class CompiledCAGraph:
         breaks = _compat.graph_break_counts()
         self._report.graph_breaks += sorted(r for r, n in breaks.items() if n > breaks_before.get(r, 0))
         return result
+
+    def _parameter_hooks_eagerly(self, args: tuple[Any, ...]) -> None:
+        """Split the graph at the parameter hooks whose steps are not compiled in (Note [Optimizer steps compiled
+        into the CA graph] in ``_compat/optimizer_tracing.py``, *Which backend* and *Which parameters*)."""
+        if self._compile_graph is not None:
+            return
+        inputs = args[0] if args and isinstance(args[0], list) else None
+        inductor = self._config.backend == "inductor"
+        points = hooks_to_run_eagerly(self._graph_module, inputs, steps_in_graph=inductor)
+        if not points:
+            return
+        hooks = args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else []
+        others = _split.split_points(self._graph_module, hooks)  # FSDP2's and dynamo.disable-d hooks split too
+        order = {node: index for index, node in enumerate(self._graph_module.graph.nodes)}
+        why = (
+            "a compiled step over a wrapper-subclass parameter or gradient computes wrong updates (torch)" if inductor
+            else f"compiled with {self._config.backend!r}, the graph would keep every updated parameter and optimizer "
+            "state alive to its end (AOTAutograd applies in-place updates there; inductor writes them in place)"
+        )
+        self._split_at(sorted({*points, *others}, key=order.__getitem__),
+                       f"{len(points)} hook(s) handed a parameter (optimizer-in-backward) run eagerly: {why}")
 
     def _steps_eagerly(self, error: Exception) -> bool:
         """The whole compile failed on a hook that updates a parameter in place (nothing ran): split the graph at

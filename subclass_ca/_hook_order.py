@@ -49,9 +49,10 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 
 from . import _compat
+from ._nodes import subclass_nodes
 from .errors import HookOrderError
 
-__all__ = ["mutating_hook_calls", "order_hooks_after_reads"]
+__all__ = ["mutating_hook_calls", "hooks_to_run_eagerly", "order_hooks_after_reads"]
 
 _POST_ACCUMULATE_GRAD = "post_acc_grad_hook"
 """compiled autograd's ``hook_type`` of a post-accumulate-grad hook call."""
@@ -164,6 +165,42 @@ def mutating_hook_calls(graph_module: torch.fx.GraphModule) -> list[torch.fx.Nod
     """The hook calls handed a tensor from outside the backward (which they may update in place), in graph order."""
     input_reads = _input_reads(graph_module.graph)
     return [hook for hook in _hook_calls(graph_module.graph) if any(arg in input_reads for arg in _flat_nodes(hook.args[1:]))]
+
+
+def _hands_a_subclass(hook: torch.fx.Node, reads: dict[torch.fx.Node, int], inputs: Sequence[object] | None,
+                      rebuilt: set[torch.fx.Node]) -> bool:
+    """Whether the hook's parameter, or the gradient accumulated into it, is (or may be) a wrapper subclass."""
+    accumulate = _compat.call_accumulate_grad()
+    for param in (arg for arg in _flat_nodes(hook.args[1:]) if arg in reads):
+        index = reads[param]
+        if inputs is None or index >= len(inputs) or _compat.is_traceable_wrapper_subclass(inputs[index]):
+            return True
+        accumulations = [user for user in param.users if user.op == "call_function" and user.target is accumulate]
+        if not accumulations:  # accumulated some other way (a subclass gradient's own accumulation): assume so
+            return True
+        for node in accumulations:
+            parts = _compat.accumulate_node_parts(node.args)
+            grad = parts[2] if parts is not None else None
+            while isinstance(grad, torch.fx.Node) and grad.target is operator.getitem:
+                grad = grad.args[0]
+            if grad is None or grad in rebuilt:
+                return True
+    return False
+
+
+def hooks_to_run_eagerly(graph_module: torch.fx.GraphModule, inputs: Sequence[object] | None, *,
+                         steps_in_graph: bool) -> list[torch.fx.Node]:
+    """The parameter hooks that must run eagerly between compiled pieces rather than be compiled into the graph.
+
+    All of them unless ``steps_in_graph`` (the backend updates in place); else those handed a wrapper-subclass
+    parameter or gradient (Note [Optimizer steps compiled into the CA graph] in ``_compat/optimizer_tracing.py``).
+    """
+    hooks = mutating_hook_calls(graph_module)
+    if not steps_in_graph:
+        return hooks
+    reads = _input_reads(graph_module.graph)
+    rebuilt = set(subclass_nodes(graph_module.graph))
+    return [hook for hook in hooks if _hands_a_subclass(hook, reads, inputs, rebuilt)]
 
 
 def order_hooks_after_reads(graph_module: torch.fx.GraphModule, inputs: Sequence[object] | None = None) -> int:

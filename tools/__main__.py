@@ -13,6 +13,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fsdp2-profile": ("tools.fsdp2.profiling", "FSDP2 backward under torch.profiler: where the reduce-scatters run, eager vs subclass_ca"),
     "fsdp2-cost": ("tools.fsdp2.cost", "FSDP2 backward time: compiled autograd itself vs compiling its pieces, against eager FSDP2"),
     "warm-start": ("tools.bench.warm_start", "the first step of a fresh process, cold and restarted, and where it goes"),
+    "optimizer-in-backward": ("tools.bench.optimizer_in_backward", "optimizer-in-backward step time and peak memory: eager / compile-only / enable()"),
+    "default-backend": ("tools.bench.default_backend", "a bare enable() on an inductor-compiled model vs compile-only"),
     "key-cost": ("tools.bench.key_cost", "what a behaviour key (Note [Keys by behaviour]) costs per CA graph and per forward"),
     "versions": ("tools.support.table", "support table: run one torch lane (run) or merge lanes (render)"),
     "torchao-matrix": ("tools.support.torchao_matrix", "the torchao certification matrix (docs/torchao.md) from check --json reports"),

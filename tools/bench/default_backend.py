@@ -61,7 +61,7 @@ class Block(torch.nn.Module):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.default_backend", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools default-backend", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="recorded rounds; default 10")
     parser.add_argument("--steps", type=int, default=5, help="steps of each mode per round (its median is kept); default 5")
     parser.add_argument("--warmup", type=int, default=3, help="unrecorded steps of each mode first; default 3")
