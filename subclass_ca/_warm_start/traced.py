@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from .. import _compat
+from .. import _compat, diagnostics
 from ..config import Config, cache_key
 from ..errors import CacheFileError
 from . import trust
@@ -252,9 +252,11 @@ class TracedGraph:
             try:
                 _compat.install_frame(recorded, self._forward.__func__.__code__, self._forward.__globals__)  # type: ignore[attr-defined]  # a bound method (the graph module's forward)
                 stats["replayed"] += 1
+                diagnostics.record_warm_start("hit", self.key)
             except Exception:  # noqa: BLE001  -- a record this torch cannot load: trace and compile as without one
                 recorded = None
         if recorded is None:
+            diagnostics.record_warm_start("miss", self.key)
             self.package = _compat.new_package(self._forward)
         self.compiled = self._optimize(self.package)
 
@@ -270,6 +272,7 @@ class TracedGraph:
         """The same graph compiled without a recording (after :meth:`refused`)."""
         self.package = None
         stats["refused"] += 1
+        diagnostics.record_warm_start("refused", self.key, "its guards cannot be serialized")
         self.compiled = self._optimize(None)
         return self.compiled
 
@@ -286,6 +289,7 @@ class TracedGraph:
             with _lock:
                 _pending[self.key] = self.package
             stats["recorded"] += 1
+            diagnostics.record_warm_start("recorded", self.key)
             self.package = None
 
 

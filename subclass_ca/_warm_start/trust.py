@@ -423,7 +423,10 @@ def write_private_file(path: str | os.PathLike[str], data: bytes, *, overwrite: 
 
 
 def warn_once(topic: str, where: str, message: str) -> None:
-    """One :class:`UntrustedCacheWarning` per (topic, folder) and process."""
+    """One :class:`UntrustedCacheWarning` per (topic, folder) and process (every refusal is logged and traced)."""
+    from .. import diagnostics  # the runtime's log, imported at first use: trust.py is read by the CLI without it
+
+    diagnostics.record_trust_refusal(topic, where, message)
     with _lock:
         if (topic, where) in _warned:
             return
