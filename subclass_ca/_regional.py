@@ -24,7 +24,9 @@ regions is cut into pieces and each *distinct* piece is compiled once:
 * **Identity.** Two pieces share a compile only when they compute the same thing, never by names:
   the same nodes in the same order calling the same objects (a function by its code and the very
   objects its closure holds, so two prologues of one AOT function match and those of two functions
-  do not), the same constants by value (tensors by dtype, shape and contents), the same pattern of
+  do not), the same constants (numbers, strings, dtypes and devices by value; a tensor by dtype,
+  shape, stride and device, and by contents up to 64 elements; a larger tensor, and any other
+  object, only when it is the very same object: its contents are never read), the same pattern of
   which node feeds which; and, decided at the first run, the same input metadata (type, size,
   stride, dtype, device, requires_grad, a wrapper subclass's inner tensors and flatten context).
   One ``torch.compile`` per distinct (piece, inputs) serves every piece that matches it.

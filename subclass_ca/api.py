@@ -51,7 +51,8 @@ def _check_backend(backend: Any) -> None:
 # backend per step makes a new one per step, as it made a new token before).
 
 _info_enabled = diagnostics.logger.isEnabledFor
-"""``diagnostics.miss_reasons_requested`` without its frame: asked on every construction."""
+"""Whether cache-miss reasons are asked for (the ``subclass_ca`` logger at INFO: ``SUBCLASS_CA_LOG=info|debug``), bound
+once: asked on every construction."""
 _by_keywords: dict[tuple[Any, ...], _compiler.Settings] = {}
 _MAX_KEYWORD_SETS = 1024
 """Beyond this many distinct keyword sets (e.g. a new lambda backend per step) no more are remembered."""
@@ -123,7 +124,7 @@ class enable:
             self.config = config
         self._compiler = settings.compiler
         self._token = settings.token
-        self._miss_log = settings.config.report or _info_enabled(logging.INFO)  # diagnostics.miss_reasons_requested()
+        self._miss_log = settings.config.report or _info_enabled(logging.INFO)
 
     @staticmethod
     def _settings(

@@ -322,11 +322,6 @@ def miss_reasons_available() -> bool:
     return not any(name.startswith("compiled autograd verbose logger") for name in _compat.missing_optional_features())
 
 
-def miss_reasons_requested() -> bool:
-    """Cache-miss reasons are collected only when asked for: ``report=True`` or ``SUBCLASS_CA_LOG=info|debug``."""
-    return logger.isEnabledFor(logging.INFO)
-
-
 def finish_capture(
     *, graph_nodes: int, fullgraph: bool, ca_counters: dict[str, int], graph_code: str, backend: Any = None
 ) -> CaptureReport:

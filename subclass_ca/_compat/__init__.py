@@ -592,7 +592,7 @@ OPTIONAL_FEATURES: dict[str, tuple[str, str]] = {
     ),
     "inductor cache folder": (
         "torch._inductor.runtime.cache_dir_utils:cache_dir",
-        "subclass_ca.cache_info() cannot name the cache folder",
+        "save_cache() without a path and the Dynamo traces of CA graphs kept for a restart (both in torch's cache folder) are unavailable",
     ),
     "inductor config": ("torch._inductor:config", "benchmarks cannot switch off the FX-graph cache when timing compiles"),
     "Dynamo run-only frames": (

@@ -44,18 +44,6 @@ _EMPTY_LIKE_OPS = {_aten.new_empty_strided.default, _aten.new_empty.default, _at
                    _aten.new_zeros.default, _aten.zeros_like.default}
 
 
-def _wrapper(cls: type, shape: Any, like: torch.Tensor, *, dtype: torch.dtype | None = None, stride: Any = None) -> Any:
-    return torch.Tensor._make_wrapper_subclass(
-        cls,
-        shape,
-        strides=stride if stride is not None else torch.empty(shape, device="meta").stride() if len(shape) else (),
-        dtype=dtype or like.dtype,
-        device=like.device,
-        layout=like.layout,
-        requires_grad=False,
-    )
-
-
 class PairTensor(torch.Tensor):
     """Two same-shape inner tensors ``a`` and ``b``; every op runs on both."""
 
