@@ -111,6 +111,24 @@ def test_the_tools_live_in_the_repository_not_in_the_package():
     assert not (TOOLS.parent / "subclass_ca" / "tools").exists()
 
 
+#: The repository's tools that sit below others: what of ``tools`` each may import (issue 63: ``bench`` and ``fsdp2``
+#: imported each other; what both need lives in ``tools.common``, and ``bench`` may use ``fsdp2``'s runs).
+TOOL_LAYERS = {"common": ("tools.common",), "fsdp2": ("tools.common", "tools.fsdp2")}
+
+
+@pytest.mark.parametrize("path", [p for layer in TOOL_LAYERS for p in sorted((TOOLS / layer).glob("*.py"))],
+                         ids=lambda p: str(p.relative_to(TOOLS)))
+def test_the_shared_tools_never_import_the_tools_above_them(path: Path):
+    allowed = TOOL_LAYERS[path.parent.name]
+    above = sorted(n for n in _imported(path) if (n == "tools" or n.startswith("tools.")) and not n.startswith(allowed))
+    assert not above, f"tools/{path.relative_to(TOOLS)} imports {above}: move what it needs into tools.common"
+
+
+def test_the_tool_layer_rule_really_sees_imports():
+    assert "tools.common.models" in _imported(TOOLS / "fsdp2" / "parity.py")
+    assert "tools.fsdp2.runs" in _imported(TOOLS / "bench" / "fsdp2.py")  # bench may use fsdp2
+
+
 #: Modules outside ``_compat`` that may use regular expressions or Python's parsers, and for what (never torch's
 #: error text: every reading of torch's messages lives in ``_compat/messages.py``, tested per lane).
 TEXT_PARSING_ALLOWED = {

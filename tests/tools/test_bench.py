@@ -13,8 +13,8 @@ import pytest
 
 from tools.bench import main as _bench
 from tools.bench import models as _bench_models
-from tools.bench import stats as bench_stats
 from tools.common import report
+from tools.common import stats as bench_stats
 
 REPO = Path(__file__).resolve().parents[2]
 _MICRO = [m for m in _bench_models.MODELS if m not in _bench_models.REALISTIC]

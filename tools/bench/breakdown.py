@@ -31,10 +31,10 @@ import torch
 from subclass_ca._graph import CompiledCAGraph
 from tools.common.report import as_json as to_json
 from tools.common.report import command_of
+from tools.common.stats import paired_ratio, quartiles
 
 from . import models as _bench_models
 from .main import mode_context
-from .stats import paired_ratio, quartiles
 
 __all__ = ["bench", "markdown_section", "format_summary", "to_json", "TARGETS", "MODES", "PARTS"]
 

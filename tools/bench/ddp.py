@@ -37,9 +37,9 @@ from torch import nn
 
 from tools.common.report import as_json as to_json
 from tools.common.report import command_of, targets_table, verdict_lines
+from tools.common.stats import quartiles
 
 from .fsdp2 import timed_steps
-from .stats import quartiles
 
 __all__ = ["DDPBench", "MODES", "MODELS", "TARGETS", "bench", "markdown_section", "format_summary", "to_json"]
 

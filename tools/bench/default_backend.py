@@ -13,7 +13,7 @@ training step (forward, backward, gradients set to None) of 4 MLP blocks (D=256,
 
 One process; each mode is warmed up (its compiles) first, then every round runs ``--steps`` steps of each
 mode in rotated order and keeps each mode's median step; ratios are taken per round (Note [Verdicts on a
-shared machine] in ``tools/bench/stats.py``).  Target: ``enable()`` / compile-only <= 1.05.
+shared machine] in ``tools/common/stats.py``).  Target: ``enable()`` / compile-only <= 1.05.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 import subclass_ca
-from tools.bench.stats import judge, paired_ratio
 from tools.common.report import WITHIN_NOISE
+from tools.common.stats import judge, paired_ratio
 
 __all__ = ["MODES", "TARGET", "build_parser", "main", "measure"]
 

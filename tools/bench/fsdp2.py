@@ -42,24 +42,15 @@ from torch import nn
 from subclass_ca import _compat
 from tools.common.report import as_json as to_json
 from tools.common.report import command_of, targets_table, verdict_lines
+from tools.common.stats import quartiles
 from tools.fsdp2 import parity
+from tools.fsdp2.runs import MODELS, TOLERANCE, compare_shards, local_shards, unavailable
 
-from .stats import quartiles
-
-__all__ = ["FSDP2Bench", "MODES", "MODELS", "TARGETS", "TOLERANCE", "bench", "markdown_section", "format_summary",
-           "to_json", "local_shards", "compare_shards", "unavailable"]
+__all__ = ["FSDP2Bench", "MODES", "TARGETS", "bench", "markdown_section", "format_summary", "to_json"]
 
 MODES: tuple[str, ...] = ("eager", "compile", "subclass_ca", "graph_breaks")
 #: the backward context of each CA mode: ``enable(backend=..., **kwargs)``
 CA_MODES: dict[str, dict[str, Any]] = {"subclass_ca": {}, "graph_breaks": {"fullgraph": False}}
-#: row model -> the run it trains (backend and device filled in per row)
-MODELS: dict[str, parity.FSDP2Run] = {
-    "micro": parity.FSDP2Run(),
-    "block_two_tensor": parity.FSDP2Run(block=parity.BlockShape(), params="two_tensor", batch=2),
-    "block_nf4_lora": parity.FSDP2Run(block=parity.BlockShape(), params="nf4_lora", batch=2),
-}
-#: backend -> atol = rtol of the check against eager FSDP2 (other backends: the inductor value)
-TOLERANCE: dict[str, float] = {"aot_eager": 0.0, "inductor": 1e-4}
 TARGETS: dict[str, str] = {
     "micro": "micro MLP, aot_eager: subclass_ca <= 1.00x eager FSDP2 (median of the runs' median ratios, >= 3 runs)",
     "blocks": "transformer-block rows, inductor: subclass_ca <= 0.90x eager FSDP2 (median ratio, every row)",
@@ -118,16 +109,6 @@ class _Mode:
     params_last: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
-def local_shards(tensors: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
-    """This rank's shards as plain tensors (a wrapper subclass as its inner tensors)."""
-    out = {}
-    for name, t in tensors.items():
-        if t is not None:
-            local = t.to_local() if hasattr(t, "to_local") else t
-            out[name] = parity.plain_tensor(local.detach()).float().cpu()
-    return out
-
-
 def _build_mode(name: str, run: parity.FSDP2Run, rank: int) -> _Mode:
     model = parity.build_model(run)
     parity.shard(model, run)
@@ -164,24 +145,6 @@ def timed_steps(mode: _Mode, steps: int, device: str) -> float:
     if device == "cuda":
         torch.cuda.synchronize()
     return (time.perf_counter() - start) * 1e3 / steps
-
-
-def compare_shards(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], tol: float) -> tuple[list[str], float]:
-    problems, max_diff = [], 0.0
-    if got.keys() != want.keys():
-        problems.append(f"parameters with a gradient differ: {sorted(got.keys() ^ want.keys())}")
-    for name in sorted(got.keys() & want.keys()):
-        a, b = got[name], want[name]
-        if a.shape != b.shape:
-            problems.append(f"{name}: local shard {tuple(a.shape)} != eager's {tuple(b.shape)}")
-            continue
-        if a.numel():
-            max_diff = max(max_diff, float((a - b).abs().max()))
-        try:
-            torch.testing.assert_close(a, b, atol=tol, rtol=tol)
-        except AssertionError as error:
-            problems.append(f"{name}: {' '.join(str(error).split())[:160]}")
-    return problems, max_diff
 
 
 def _row(rank: int, settings: FSDP2Bench, model_name: str, backend: str) -> dict[str, Any]:
@@ -241,14 +204,6 @@ def _rank_main(rank: int, world_size: int, settings: FSDP2Bench) -> dict[str, An
             row["run"] = index
             rows.append(row)
     return {"rank": rank, "rows": rows, "wall_s": time.perf_counter() - start}
-
-
-def unavailable(model_name: str) -> str | None:
-    if MODELS[model_name].params == "nf4_lora":
-        from .models import unavailable
-
-        return unavailable("block_nf4")
-    return None
 
 
 # --- the launch and its summary ----------------------------------------------------

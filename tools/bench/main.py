@@ -55,12 +55,12 @@ from subclass_ca.diagnostics import named_callables
 from tools.common import report
 from tools.common.progress import Progress
 from tools.common.report import combine, targets_table
+from tools.common.stats import judge, paired_ratio, rss_bytes
+from tools.common.stats import stats as _stats
 
 from . import memory as _bench_memory
 from . import models as _bench_models
 from . import runtime as _bench_runtime
-from .stats import judge, paired_ratio, rss_bytes
-from .stats import stats as _stats
 
 __all__ = ["main", "build_parser", "settings_from_args", "BenchSettings", "MODES", "TARGETS", "SECTIONS"]
 
@@ -745,7 +745,7 @@ def render_markdown(results: dict[str, Any]) -> str:
             "*once*: the same compiled workloads, the context entered once around each timed block of steps (timed "
             "in the same rounds). Each cell is the median of the per-round ratios with its 95 % bootstrap interval; "
             "a target is missed only when the whole interval is beyond it, *within noise* when the interval "
-            "straddles it (Note [Verdicts on a shared machine] in `tools/bench/stats.py`). The ratio of the minima "
+            "straddles it (Note [Verdicts on a shared machine] in `tools/common/stats.py`). The ratio of the minima "
             "(least disturbed samples) is shown beside them.", "",
             "| model | size | backend | per step | per step (min) | once | cold |", "|---|---|---|---:|---:|---:|---:|"]
     out += [f"| {r['model']} | {r['size']} | {r['backend']} | {_interval(r.get('steady_interval'))} | {_fmt(r.get('steady_min'), '.3f')} | "

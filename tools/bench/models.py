@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tools.common.models import import_nf4, nf4_unavailable
+
 __all__ = [
     "MODELS", "SIZES", "BLOCK_SIZES", "INNER_TENSORS", "REALISTIC", "Workload", "build", "ensure_process_group",
     "unavailable",
@@ -178,23 +180,9 @@ def _lora_factors(weights: list[torch.Tensor], seed: int) -> list[torch.Tensor]:
     return factors
 
 
-def import_nf4() -> Callable[..., torch.Tensor]:
-    """torchao's ``to_nf4`` (raises ImportError when torchao, or its NF4 tensor, is not importable)."""
-    try:
-        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
-    except ImportError:
-        from torchao.dtypes.nf4tensor import to_nf4  # older torchao
-    return to_nf4
-
-
 def unavailable(model: str) -> str | None:
     """Why ``model`` cannot be built in this environment (None: it can)."""
-    if model == "block_nf4":
-        try:
-            import_nf4()
-        except Exception as e:  # noqa: BLE001 - torchao missing, or failing to import against this torch
-            return f"torchao NF4 is not importable ({type(e).__name__}: {e})"
-    return None
+    return nf4_unavailable(lambda: import_nf4()) if model == "block_nf4" else None  # this module's name: tests replace it
 
 
 def _nf4(weight: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ conftest), in this interpreter's environment, where subclass_ca's ``pytest11`` e
   entry point cost when it was ``subclass_ca.testing.plugin`` (for reference).
 
 The modes run interleaved, one of each per round, the order rotated each round, after one unrecorded
-warm-up round; a ratio is taken per round (Note [Verdicts on a shared machine] in tools/bench/stats.py).
+warm-up round; a ratio is taken per round (Note [Verdicts on a shared machine] in tools/common/stats.py).
 Target: plugin / no plugin <= 1.10.
 """
 
@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.bench.stats import judge, paired_ratio
 from tools.common.report import WITHIN_NOISE
+from tools.common.stats import judge, paired_ratio
 
 TARGET = 1.10
 _TEST = "def test_one():\n    assert 1 + 1 == 2\n"

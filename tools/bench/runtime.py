@@ -32,9 +32,9 @@ from subclass_ca import api as _api
 from subclass_ca.diagnostics import named_callables
 from tools.common.report import as_json as to_json
 from tools.common.report import targets_table, verdict_lines
+from tools.common.stats import rss_bytes, stats
 
 from . import models as _bench_models
-from .stats import rss_bytes, stats
 
 __all__ = ["RuntimeBench", "run", "verdicts", "markdown_section", "format_summary", "to_json", "TARGETS"]
 

@@ -43,15 +43,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from subclass_ca import _compat
+from tools.common.models import Block
 from tools.common.report import as_json as to_json
 from tools.common.report import command_of
 
 from .models import private_copy
 
-__all__ = ["TPBench", "MODES", "TOLERANCE", "TARGETS", "Block", "build_block", "parallelize", "bench", "markdown_section",
+__all__ = ["TPBench", "MODES", "TOLERANCE", "TARGETS", "build_block", "parallelize", "bench", "markdown_section",
            "format_summary", "to_json"]
 
 MODES: tuple[str, ...] = ("eager", "compile", "stock_ca", "subclass_ca")
@@ -93,58 +93,7 @@ class TPBench:
             raise ValueError(f"TPBench: heads ({self.heads}) and hidden ({self.hidden}) must be multiples of world_size ({world_size})")
 
 
-# --- the model -------------------------------------------------------------------------
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.head_dim = dim // heads
-        self.wq = nn.Linear(dim, dim, bias=False)
-        self.wk = nn.Linear(dim, dim, bias=False)
-        self.wv = nn.Linear(dim, dim, bias=False)
-        self.wo = nn.Linear(dim, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        # -1: the local head count (heads / world_size once wq/wk/wv are ColwiseParallel)
-        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, hidden: int) -> None:
-        super().__init__()
-        self.attn_norm = RMSNorm(dim)
-        self.attn = Attention(dim, heads)
-        self.mlp_norm = RMSNorm(dim)
-        self.mlp = SwiGLU(dim, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.attn(self.attn_norm(x))
-        return h + self.mlp(self.mlp_norm(h))
+# --- the model (tools.common.models.Block) -------------------------------------------
 
 
 def build_block(settings: TPBench) -> Block:

@@ -29,7 +29,7 @@ __all__ = ["Section", "WITHIN_NOISE", "as_json", "combine", "command_of", "targe
 
 WITHIN_NOISE = "within noise"
 """A verdict neither met nor missed: the run's own spread straddles the target (Note [Verdicts on a shared machine]
-in ``tools/bench/stats.py``)."""
+in ``tools/common/stats.py``)."""
 _MARKS = {True: "**met**", False: "**missed**", None: "not measured", WITHIN_NOISE: "within noise"}
 _SCREEN = {True: "met   ", False: "MISSED", None: "n/a   ", WITHIN_NOISE: "noise "}
 

@@ -41,12 +41,11 @@ from typing import Any
 import torch
 
 from subclass_ca import _compat, _split
-from tools.bench import fsdp2 as bench_fsdp2
-from tools.bench.stats import quartiles
 from tools.common import report
 from tools.common.report import as_json as to_json
+from tools.common.stats import quartiles
 
-from . import parity
+from . import parity, runs
 
 __all__ = ["MODES", "TARGETS", "FSDP2Cost", "measure", "format_summary", "markdown_section", "to_json", "build_parser", "main"]
 
@@ -70,9 +69,9 @@ class FSDP2Cost:
     """``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per rank; the backward's time includes a synchronize)."""
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.models if m not in bench_fsdp2.MODELS]
+        unknown = [m for m in self.models if m not in runs.MODELS]
         if unknown:
-            raise ValueError(f"FSDP2Cost.models: unknown {unknown}; allowed values are {list(bench_fsdp2.MODELS)}")
+            raise ValueError(f"FSDP2Cost.models: unknown {unknown}; allowed values are {list(runs.MODELS)}")
         if not self.models or not self.backends:
             raise ValueError("FSDP2Cost: models and backends must not be empty")
         for name in ("reps", "block"):
@@ -131,7 +130,7 @@ def _backward_step(name: str, run: parity.FSDP2Run, rank: int) -> tuple[torch.nn
 
 
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return bench_fsdp2.local_shards({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    return runs.local_shards({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
 
 
 def _row(rank: int, settings: FSDP2Cost, model_name: str, backend: str) -> dict[str, Any]:
@@ -139,7 +138,7 @@ def _row(rank: int, settings: FSDP2Cost, model_name: str, backend: str) -> dict[
 
     from subclass_ca.api import reset
 
-    run = dataclasses.replace(bench_fsdp2.MODELS[model_name], backend=backend, device=settings.device)
+    run = dataclasses.replace(runs.MODELS[model_name], backend=backend, device=settings.device)
     reset()
     built = {name: _backward_step(name, run, rank) for name in ("eager", "compile", "subclass_ca")}
     splits: list[_split.SplitGraph] = []
@@ -166,16 +165,16 @@ def _row(rank: int, settings: FSDP2Cost, model_name: str, backend: str) -> dict[
         for name in MODES if rep % 2 == 0 else MODES[::-1]:
             samples[name].append(timed(name))
     eager_grads = _grads(built["eager"][0])
-    tolerance = bench_fsdp2.TOLERANCE.get(backend, bench_fsdp2.TOLERANCE["inductor"])
+    tolerance = runs.TOLERANCE.get(backend, runs.TOLERANCE["inductor"])
     checks = {}
     for name, (model, step) in built.items():
         if name == "subclass_ca":
             split.use_compiled(False)
             step()
-            checks["ca_uncompiled"] = bench_fsdp2.compare_shards(_grads(model), eager_grads, tolerance)
+            checks["ca_uncompiled"] = runs.compare_shards(_grads(model), eager_grads, tolerance)
             split.use_compiled(True)
             step()
-        checks[name] = bench_fsdp2.compare_shards(_grads(model), eager_grads, tolerance)
+        checks[name] = runs.compare_shards(_grads(model), eager_grads, tolerance)
     return {
         "model": model_name, "backend": backend, "pieces": split.pieces, "hooks": split.hooks,
         "modes": {
@@ -195,8 +194,8 @@ def _rank_main(rank: int, world_size: int, settings: FSDP2Cost) -> dict[str, Any
     with _compat.uncached_compiles():
         for model_name in settings.models:
             for backend in settings.backends:
-                skip = bench_fsdp2.unavailable(model_name)
-                if skip is None and world_size == 1 and bench_fsdp2.MODELS[model_name].params == "nf4_lora":
+                skip = runs.unavailable(model_name)
+                if skip is None and world_size == 1 and runs.MODELS[model_name].params == "nf4_lora":
                     skip = "NF4 cannot be sharded on a world of 1 (torchao's fsdp_post_all_gather); use --nproc 2"
                 if skip:
                     rows.append({"model": model_name, "backend": backend, "skipped": skip})
@@ -304,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m tools fsdp2-cost``."""
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=1, help="world size (default 1: no collectives)")
-    parser.add_argument("--models", nargs="+", default=list(FSDP2Cost.models), help=f"of {list(bench_fsdp2.MODELS)}")
+    parser.add_argument("--models", nargs="+", default=list(FSDP2Cost.models), help=f"of {list(runs.MODELS)}")
     parser.add_argument("--backends", nargs="+", default=list(FSDP2Cost.backends))
     parser.add_argument("--reps", type=int, default=FSDP2Cost.reps, help="interleaved rounds")
     parser.add_argument("--block", type=int, default=FSDP2Cost.block, help="backwards per sample")

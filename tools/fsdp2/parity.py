@@ -161,7 +161,7 @@ class _NF4LoRALinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, rank: int = 4) -> None:
         super().__init__()
-        from tools.bench.models import import_nf4
+        from tools.common.models import import_nf4
 
         to_nf4 = import_nf4()
         self.weight = nn.Parameter(to_nf4(linear.weight.detach().clone(), 8, 8), requires_grad=False)
@@ -174,7 +174,7 @@ class _NF4LoRALinear(nn.Module):
 
 
 def _block_model(run: FSDP2Run) -> nn.Sequential:
-    from tools.bench.tp import Block
+    from tools.common.models import Block
 
     shape = run.block
     assert shape is not None
@@ -251,7 +251,7 @@ def shard(model: nn.Sequential, run: FSDP2Run) -> None:
     policy = {}
     if run.param_dtype is not None:
         policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, run.param_dtype), reduce_dtype=torch.float32)
-    from tools.bench.tp import Block
+    from tools.common.models import Block
 
     for layer in model:
         if isinstance(layer, (nn.Linear, _NF4LoRALinear, Block)):

@@ -513,7 +513,7 @@ def markdown_section(summary: dict[str, Any], *, command: str | None = None) -> 
 
 def run_config(args: argparse.Namespace) -> FSDP2Run:
     """The run ``args`` name (``model``, ``steps`` or ``fsdp2_steps``, ``backend``, ``device``), validated, nothing launched."""
-    from tools.bench.fsdp2 import MODELS
+    from .runs import MODELS
 
     model = getattr(args, "model", None) or "micro"
     if model not in MODELS:
