@@ -73,6 +73,8 @@ class CompiledCAGraph:
         self._first_run = True
         self._steady = False
         self._static_sizes = config.dynamic is False  # Note [Static-first CA graphs] in _compiler.py
+        self._ddp_bucket_mb = _ddp.capture_bucket_mb()
+        """Read at the capture, used by every compile of this graph (Note [Bucketing the Python reducer's all-reduces])."""
 
     def _compile(self, fullgraph: bool) -> Any:
         self._traced = None
@@ -80,7 +82,7 @@ class CompiledCAGraph:
             return self._compile_graph(self._graph_module)
         config = self._config
         kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs, config.cache)
-        backend, kwargs = _ddp.with_bucketing(config.backend, kwargs)  # Note [Bucketing the Python reducer's all-reduces]
+        backend, kwargs = _ddp.with_bucketing(config.backend, kwargs, self._ddp_bucket_mb)  # Note [Bucketing the Python reducer's all-reduces]
         if fullgraph:  # Note [Skipping Dynamo's trace of an unchanged CA graph]
             self._traced = compile_traced(self._graph_module, config, kwargs, self._behaviour, **_sizes(config))
             if self._traced is not None:
@@ -100,7 +102,7 @@ class CompiledCAGraph:
         config = self._config
         piece = cast(torch.fx.GraphModule, forward.__self__)
         kwargs = _cacheable.compile_kwargs(piece, config.backend, config.compile_kwargs, config.cache)
-        backend, kwargs = _ddp.with_bucketing(config.backend, kwargs)
+        backend, kwargs = _ddp.with_bucketing(config.backend, kwargs, self._ddp_bucket_mb)
         return torch.compile(forward, backend=backend, fullgraph=fullgraph, dynamic=_dynamic(config), **kwargs)
 
     def _call_in_scope(self, *args: Any, **kwargs: Any) -> Any:

@@ -15,6 +15,7 @@ __all__ = [
     "MetadataMismatchError",
     "UnsupportedSubclassError",
     "FSDP2UnsupportedError",
+    "DDPUnsupportedError",
     "HookOnSubclassError",
     "HookOrderError",
     "GraphBreakError",
@@ -56,6 +57,11 @@ class UnsupportedSubclassError(SubclassCAError):
 
 class FSDP2UnsupportedError(SubclassCAError):
     """An FSDP2 (``fully_shard``) configuration that cannot be made correct on this torch."""
+
+
+class DDPUnsupportedError(SubclassCAError):
+    """A DistributedDataParallel module with a setting torch's Python reducer, which compiled autograd needs, does not
+    implement (``static_graph=True``, ``mixed_precision``, delayed all-reduce; Note [DDP under compiled autograd])."""
 
 
 class HookOnSubclassError(SubclassCAError):

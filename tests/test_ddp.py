@@ -73,7 +73,6 @@ def test_the_hand_reference_is_eager_ddp_for_plain_parameters(manual, eager):
 
 def test_a_ddp_module_gets_its_cpp_reducer_back_outside_the_block_and_a_static_graph_is_refused():
     import subclass_ca
-    from subclass_ca.errors import SubclassCAError
     from tests.distributed_utils import single_process_group
 
     with single_process_group():
@@ -87,7 +86,7 @@ def test_a_ddp_module_gets_its_cpp_reducer_back_outside_the_block_and_a_static_g
         assert not ddp._use_python_reducer and ddp.reducer is not reducer and not ddp._accum_grad_hooks
 
         static = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), static_graph=True)
-        with pytest.raises(SubclassCAError, match="static_graph=True"), subclass_ca.enable():
+        with pytest.raises(subclass_ca.DDPUnsupportedError, match="static_graph=True"), subclass_ca.enable():
             static(torch.randn(2, 4)).sum().backward()
 
 
@@ -104,21 +103,75 @@ def test_a_module_on_the_python_reducer_buckets_by_its_own_size_until_it_leaves_
         forward = torch.compile(ddp, backend="aot_eager")
         with subclass_ca.enable():
             forward(torch.randn(2, 4)).sum().backward()
-            backend, kwargs = _ddp.with_bucketing("inductor", {})
-            aot_eager, _ = _ddp.with_bucketing("aot_eager", {})
+            size = _ddp.capture_bucket_mb()
+            backend, kwargs = _ddp.with_bucketing("inductor", {}, size)
+            aot_eager, _ = _ddp.with_bucketing("aot_eager", {}, size)
         options = kwargs["options"]
         assert backend == "inductor" and options["_fuse_ddp_communication"] and options["_fuse_ddp_bucket_size"] == 2
         assert options["_fuse_ddp_communication_passes"][0] == "fuse_ddp_with_coalesced_op"  # not concatenation
         assert callable(aot_eager) and aot_eager.__name__ == "aot_eager_bucketing"
         ddp(torch.randn(2, 4)).sum().backward()
-        assert _ddp.with_bucketing("inductor", {}) == ("inductor", {}) and _ddp.with_bucketing("aot_eager", {}) == ("aot_eager", {})
+        assert _ddp.capture_bucket_mb() is None
+        assert _ddp.with_bucketing("inductor", {}, None) == ("inductor", {}) and _ddp.with_bucketing("aot_eager", {}, None) == ("aot_eager", {})
 
 
-def test_bucketing_options_yield_to_the_users_and_apply_to_inductor_and_aot_eager_only(monkeypatch):
+def test_bucketing_options_yield_to_the_users_and_apply_to_inductor_and_aot_eager_only():
     from subclass_ca import _ddp
 
-    monkeypatch.setattr(_ddp, "_bucket_mb", 25)
-    _, kwargs = _ddp.with_bucketing("inductor", {"options": {"_fuse_ddp_bucket_size": 4}})
+    _, kwargs = _ddp.with_bucketing("inductor", {"options": {"_fuse_ddp_bucket_size": 4}}, 25)
     assert kwargs["options"]["_fuse_ddp_bucket_size"] == 4 and kwargs["options"]["_fuse_ddp_communication"]
-    assert _ddp.with_bucketing("inductor", {"mode": "max-autotune"}) == ("inductor", {"mode": "max-autotune"})  # mode excludes options
-    assert _ddp.with_bucketing("eager", {}) == ("eager", {})  # a backend with no graph pass of its own
+    assert _ddp.with_bucketing("inductor", {"mode": "max-autotune"}, 25) == ("inductor", {"mode": "max-autotune"})  # mode excludes options
+    assert _ddp.with_bucketing("eager", {}, 25) == ("eager", {})  # a backend with no graph pass of its own
+
+
+def _recording_bucket_sizes(monkeypatch) -> list:
+    """The bucket size each compile of a CA graph (or piece) is handed, in order."""
+    from subclass_ca import _ddp
+
+    used: list = []
+    original = _ddp.with_bucketing
+
+    def recording(backend, kwargs, bucket_mb):
+        used.append(bucket_mb)
+        return original(backend, kwargs, bucket_mb)
+
+    monkeypatch.setattr(_ddp, "with_bucketing", recording)
+    return used
+
+
+def test_two_captures_with_different_bucket_sizes_compile_with_their_own(monkeypatch):
+    """Note [Bucketing the Python reducer's all-reduces]: each CA graph compiles with the bucket size of the DDP
+    forward before its capture, not with a process-wide last one."""
+    import subclass_ca
+    from tests.distributed_utils import single_process_group
+
+    used = _recording_bucket_sizes(monkeypatch)
+    with single_process_group():
+        small = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), bucket_cap_mb=2)
+        # two layers: another autograd graph, so its backward is a capture of its own
+        large = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)),
+                                                          bucket_cap_mb=3)
+        with subclass_ca.enable():
+            torch.compile(small, backend="aot_eager")(torch.randn(2, 4)).sum().backward()
+            torch.compile(large, backend="aot_eager")(torch.randn(2, 4)).sum().backward()
+    assert used == [2, 3]
+
+
+def test_a_ca_graph_compiled_after_another_ddp_forward_keeps_its_captures_bucket_size(monkeypatch):
+    """The size is read when the graph is captured (``CompiledCAGraph``), so a compile that comes later (a graph
+    recompiled with graph breaks, a regional piece first reached later) never takes another module's size."""
+    from subclass_ca import _ddp, diagnostics
+    from subclass_ca._graph import CompiledCAGraph
+    from subclass_ca.config import Config
+
+    def captured(size):
+        monkeypatch.setattr(_ddp._forwards, "bucket_mb", size, raising=False)  # the DDP forward before the capture
+        graph = torch.fx.symbolic_trace(lambda x: x * 2)
+        return CompiledCAGraph(graph, Config(backend="aot_eager"), True, diagnostics.CaptureReport(capture_index=0))
+
+    used = _recording_bucket_sizes(monkeypatch)
+    first = captured(2)
+    second = captured(3)
+    first._compile(False)  # compiled after the second capture's DDP forward
+    second._compile(False)
+    assert used == [2, 3]

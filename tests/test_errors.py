@@ -167,6 +167,7 @@ def test_errors_share_one_base_class():
         subclass_ca.MetadataMismatchError,
         subclass_ca.UnsupportedSubclassError,
         subclass_ca.FSDP2UnsupportedError,
+        subclass_ca.DDPUnsupportedError,
         subclass_ca.GraphBreakError,
         subclass_ca.BackwardCompileError,
     ):
