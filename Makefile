@@ -101,14 +101,16 @@ test-torchao015: $(TORCHAO015_STAMP)
 	OMP_NUM_THREADS=1 $(TORCHAO015_PY) -m pytest -q -p no:cacheprovider $(TORCHAO015_TESTS) $(PYTEST_ARGS)
 
 # ruff (pyflakes, import order, pyupgrade, bugbear) and mypy (types), both configured in pyproject.toml; CI runs it
-# before the test lanes (.ci/run). The tools come from the `lint` extra, installed into the venv on first use.
+# before the test lanes (.ci/run). The tools come from the `lint` extra (exact versions), installed into the venv on
+# first use. ruff checks every Python file of the checkout (the package, tools/, tests/, examples/, benchmarks/); mypy
+# checks the package (tools/ not yet: `mypy tools` reports 80 errors in 12 files).
 LINT_STAMP := $(VENV)/.lint-installed
 $(LINT_STAMP): pyproject.toml $(STAMP)
 	$(PIP) install -q -e '.[lint]'
 	touch $(LINT_STAMP)
 
 lint: $(LINT_STAMP)
-	$(PY) -m ruff check subclass_ca _subclass_ca_pytestplugin.py tools tests examples
+	$(PY) -m ruff check subclass_ca _subclass_ca_pytestplugin.py tools tests examples benchmarks
 	$(PY) -m mypy
 
 # the full benchmark (<= 10 min on a 2-core machine): RESULTS.md, results.json, bench.png in benchmarks/

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: `tools` is not installed
 
-from tools.bench.main import main  # noqa: E402
+from tools.bench.main import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
