@@ -33,12 +33,62 @@ def _cell(result: dict[str, Any]) -> str:
     return ours if stock is None else f"{ours} · stock {MARKS[stock]}"
 
 
+Cell = tuple[str, str, str]
+"""Where a reason applies: (``subclass/scenario``, lane, backend)."""
+
+
+def _runs(items: list[str], chosen: set[str]) -> list[str]:
+    """``chosen`` as runs of consecutive ``items``: ``a-c`` for three or more in a row, each alone otherwise."""
+    runs: list[list[str]] = []
+    for item in items:
+        if item in chosen:
+            if runs and items.index(runs[-1][-1]) == items.index(item) - 1:
+                runs[-1].append(item)
+            else:
+                runs.append([item])
+    return [f"{run[0]}–{run[-1]}" if len(run) > 2 else ", ".join(run) for run in runs]
+
+
+def _span(cells: set[tuple[str, str]], lanes: list[str], backends: list[str]) -> str:
+    """The lanes and backends of ``cells`` in a few words: lane ranges that share a set of backends."""
+    if cells == {(lane, backend) for lane in lanes for backend in backends}:
+        return "every lane, both backends" if len(backends) == 2 else "every lane and backend"
+    by_backends: dict[tuple[str, ...], set[str]] = {}
+    for lane in lanes:
+        used = tuple(b for b in backends if (lane, b) in cells)
+        if used:
+            by_backends.setdefault(used, set()).add(lane)
+    parts = []
+    for used, chosen in by_backends.items():
+        where = "every lane" if chosen == set(lanes) else ", ".join(_runs(lanes, chosen))
+        parts.append(f"{where}, {'both backends' if len(used) == 2 == len(backends) else ' and '.join(used)}")
+    return "; ".join(parts)
+
+
+def reason_lines(reasons: dict[str, list[Cell]], lanes: list[str], backends: list[str]) -> list[str]:
+    """One bullet per reason: its rows grouped by subclass, each group with the lanes and backends it holds for."""
+    lines = []
+    for text, where in reasons.items():
+        per_row: dict[str, set[tuple[str, str]]] = {}
+        for row, lane, backend in where:
+            per_row.setdefault(row, set()).add((lane, backend))
+        groups: dict[tuple[str, str], list[str]] = {}  # (subclass, span) -> scenarios
+        for row, cells in per_row.items():
+            subclass, _, scenario = row.partition("/")
+            groups.setdefault((subclass, _span(cells, lanes, backends)), []).append(scenario)
+        places = [f"{subclass}/{scenarios[0] if len(scenarios) == 1 else '{' + ', '.join(sorted(scenarios)) + '}'} ({span})"
+                  for (subclass, span), scenarios in groups.items()]
+        cells_count = len(where)
+        lines.append(f"- **{text}** ({cells_count} cell{'s' if cells_count != 1 else ''}) — {'; '.join(places)}")
+    return lines
+
+
 def render(reports: list[dict[str, Any]], command: str) -> str:
     """The page: the matrix, then every non-pass cell's reason (first line), so no verdict goes unexplained."""
     reports = sorted(reports, key=lambda r: [int(p) for p in r["torch_version"].split("+")[0].split(".")])
     columns: list[tuple[str, str]] = []
     cells: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
-    reasons: dict[str, list[str]] = {}
+    reasons: dict[str, list[Cell]] = {}
     for report in reports:
         lane = report["torch_version"].split("+")[0]
         for result in report["results"]:
@@ -54,7 +104,7 @@ def render(reports: list[dict[str, Any]], command: str) -> str:
                 if status in ("fail", "skip") and reason:
                     first = reason.strip().splitlines()[0][:240]
                     reasons.setdefault(f"{who} {MARKS[status]}: {first}", []).append(
-                        f"{row[0]}/{row[1]} [{lane}, {result['backend']}]")
+                        (f"{row[0]}/{row[1]}", lane, result["backend"]))
     versions = sorted({r["subclass_ca_version"] for r in reports})
     lines = [
         "# torchao certification matrix",
@@ -72,7 +122,8 @@ def render(reports: list[dict[str, Any]], command: str) -> str:
             _cell(by_column[c]) if c in by_column else "" for c in columns) + " |")
     if reasons:
         lines += ["", "## Why a cell is not ✓", ""]
-        lines += [f"- **{text}** — {', '.join(where)}" for text, where in reasons.items()]
+        lanes = list(dict.fromkeys(lane for lane, _ in columns))
+        lines += reason_lines(reasons, lanes, list(dict.fromkeys(backend for _, backend in columns)))
     missing = [f"{r['torch_version']}" for r in reports if not r["results"]]
     if missing:
         lines += ["", f"Lanes with no result: {', '.join(missing)}."]
