@@ -84,7 +84,20 @@ def _warn_if_ca_graphs_are_not_cached() -> None:
         )
 
 
-def save_cache(path: str | os.PathLike[str] | None = None, *, key: bytes | str | None = None) -> CacheFile:
+def _signing_key_argument(function: str, signing_key: bytes | str | None, key: bytes | str | None) -> bytes | str | None:
+    """``signing_key=``, or ``key=``, its spelling before 1.0 (deprecated: "key" alone also names lookup keys and
+    handler metadata keys; the glossary in docs/design.md)."""
+    if key is None:
+        return signing_key
+    if signing_key is not None:
+        raise TypeError(f"{function}() got both signing_key= and key=, its deprecated spelling: pass signing_key= only")
+    warnings.warn(f"{function}(key=...) is deprecated: pass the same key as signing_key=...", DeprecationWarning, stacklevel=3)
+    return key
+
+
+def save_cache(
+    path: str | os.PathLike[str] | None = None, *, signing_key: bytes | str | None = None, key: bytes | str | None = None
+) -> CacheFile:
     """Complete torch's compile caches and write every artifact of this process to ``path``.
 
     Call it after the first training steps (each graph compiled once).  It first writes the cache
@@ -92,8 +105,9 @@ def save_cache(path: str | os.PathLike[str] | None = None, *, key: bytes | str |
     entry only once it compiles that backward itself, which compiled autograd never asks for:
     this compiles each such backward once).  With no ``path`` that is all: a persistent
     ``TORCHINDUCTOR_CACHE_DIR`` then warms the next run.  With a ``path`` it also writes the file
-    :func:`load_cache` reads, signed with ``key`` (default: ``SUBCLASS_CA_CACHE_KEY``, else this
-    user's key file; Note [Trusting a compile cache] in ``trust.py``); raises :class:`CacheFileError`
+    :func:`load_cache` reads, signed with ``signing_key`` (default: ``SUBCLASS_CA_CACHE_KEY``, else this
+    user's key file; Note [Trusting a compile cache] in ``trust.py``; ``key=`` is its deprecated
+    spelling); raises :class:`CacheFileError`
     when nothing was compiled with a cacheable backend (``inductor``).  The records written into
     the cache folder are signed with the default key, which the folder's reader checks.  Only
     records this process compiled, or read from a file that verified under the signing key, are
@@ -102,6 +116,7 @@ def save_cache(path: str | os.PathLike[str] | None = None, *, key: bytes | str |
     """
     from .cacheable import complete_forward_entries
 
+    chosen_key = _signing_key_argument("save_cache", signing_key, key)
     _warn_if_ca_graphs_are_not_cached()
     completed = complete_forward_entries()
     traced.write_records()
@@ -115,13 +130,13 @@ def save_cache(path: str | os.PathLike[str] | None = None, *, key: bytes | str |
             "the first steps have compiled (backend='inductor'; torch.compile's other backends have no persistent cache)."
         )
     artifacts = _without_unverified(os.fspath(path), artifacts)
-    signing_key = trust.resolve_key(key)
-    records = traced.signable_records(signing_key)
+    resolved = trust.resolve_key(chosen_key)
+    records = traced.signable_records(resolved)
     payload = artifacts + pickle.dumps(records)
     header = _header()
     header["artifact_bytes"] = len(artifacts)
     header["sha256"] = hashlib.sha256(payload).hexdigest()
-    encoded = _encode(signing_key, header, payload)
+    encoded = _encode(resolved, header, payload)
     try:
         trust.write_private_file(path, encoded)  # a reader never sees half a file; a planted link is never followed
     except OSError as error:
@@ -174,15 +189,16 @@ def _signature_line(signing_key: bytes, signed: bytes) -> bytes:
 def load_cache(
     path: str | os.PathLike[str],
     *,
-    key: bytes | str | None = None,
+    signing_key: bytes | str | None = None,
     strict: bool = True,
     missing_ok: bool = False,
     trust_unsigned_code: bool = False,
+    key: bytes | str | None = None,
 ) -> CacheFile | None:
     """Load a :func:`save_cache` file into this process's compile caches; call it before the first step.
 
-    The file must be signed with ``key`` (default: ``SUBCLASS_CA_CACHE_KEY``, else this user's key
-    file): its records are code, checked before anything is unpickled (Note [Trusting a compile
+    The file must be signed with ``signing_key`` (default: ``SUBCLASS_CA_CACHE_KEY``, else this user's key
+    file; ``key=`` is its deprecated spelling): its records are code, checked before anything is unpickled (Note [Trusting a compile
     cache] in ``trust.py``).  ``missing_ok``: a missing file returns None (a job's very first run).
     ``strict=False``: a file that is refused (not signed with the key, written by another torch or
     subclass_ca build, damaged) is skipped with a warning and None is returned (the job compiles
@@ -194,8 +210,9 @@ def load_cache(
     only, and :func:`save_cache` never signs them again.
     """
     name = os.fspath(path)
+    key = _signing_key_argument("load_cache", signing_key, key)
     if key is not None:
-        trust.resolve_key(key)  # a bad key= is the caller's error, raised even with strict=False
+        trust.resolve_key(key)  # a bad signing_key= is the caller's error, raised even with strict=False
     try:
         data = trust.read_regular_file(name, what=f"load_cache({name!r}): the cache file")
         if data is None:
@@ -265,7 +282,7 @@ def _check_signature(name: str, data: bytes, key: bytes | str | None, trust_unsi
     signer, mine = fields[0].decode("ascii", "replace"), trust.key_id(signing_key)
     if signer != mine:
         why = (f"it was signed with another key (key id {signer}; yours is {mine}): another user's, or a job's key "
-               f"this process was not given. Pass the job's key (load_cache(..., key=...) or {trust.KEY_ENV}).")
+               f"this process was not given. Pass the job's key (load_cache(..., signing_key=...) or {trust.KEY_ENV}).")
     else:
         why = "it was changed after it was written (damaged or tampered with); delete it."
     raise CacheFileError(f"load_cache({name!r}): the signature does not match, refused before anything in it was read: {why} {opt_in}")

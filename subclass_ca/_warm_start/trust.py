@@ -13,7 +13,7 @@ nothing read from disk becomes code unless this user (or this job) wrote it:
   record carries an HMAC-SHA256 over all of its bytes (a record's over its name too, so a valid
   record cannot be moved to another graph's name) under a secret key.  :func:`load_cache` and the
   cache folder's reader check it first and refuse otherwise; nothing is unpickled before.
-* **The key.**  ``key=`` where the API takes one; else ``SUBCLASS_CA_CACHE_KEY`` (the secret
+* **The key.**  ``signing_key=`` where the API takes one; else ``SUBCLASS_CA_CACHE_KEY`` (the secret
   itself: a job spanning machines passes it to every rank as it would any secret); else this
   user's key file, ``SUBCLASS_CA_CACHE_KEY_FILE`` or ``$XDG_CONFIG_HOME/subclass_ca/cache-key``
   (``~/.config``), created on first use with owner-only permissions (0600 in a 0700 folder).  A key
@@ -90,9 +90,9 @@ __all__ = [
 KEY_ENV = "SUBCLASS_CA_CACHE_KEY"
 KEY_FILE_ENV = "SUBCLASS_CA_CACHE_KEY_FILE"
 MIN_KEY_BYTES = 16
-"""128 bits: the shortest key given as bytes (``key=b"..."``)."""
+"""128 bits: the shortest key given as bytes (``signing_key=b"..."``)."""
 MIN_KEY_TEXT = 32
-"""The shortest key given as text (``key="..."``, ``SUBCLASS_CA_CACHE_KEY``, the key file): 16 bytes in hex."""
+"""The shortest key given as text (``signing_key="..."``, ``SUBCLASS_CA_CACHE_KEY``, the key file): 16 bytes in hex."""
 ROTATE_COMMAND = "python -m subclass_ca cache-key --rotate"
 _GENERATE = "python -c \"import secrets; print(secrets.token_hex(32))\""
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -104,7 +104,7 @@ _lock = threading.Lock()
 
 
 class KeyUnavailable(CacheFileError):
-    """No signing key: a bad ``key=`` or ``SUBCLASS_CA_CACHE_KEY``, or a key file (or folder) that is not this user's alone."""
+    """No signing key: a bad ``signing_key=`` or ``SUBCLASS_CA_CACHE_KEY``, or a key file (or folder) that is not this user's alone."""
 
 
 def _as_key(value: bytes | str, source: str, *, text: bool) -> bytes:
@@ -130,7 +130,7 @@ def key_file() -> Path:
 def resolve_key(key: bytes | str | None = None) -> bytes:
     """The signing key: ``key``, else ``SUBCLASS_CA_CACHE_KEY``, else this user's key file (made on first use)."""
     if key is not None:
-        return _as_key(key, "key=", text=isinstance(key, str))
+        return _as_key(key, "signing_key=", text=isinstance(key, str))
     from_env = os.environ.get(KEY_ENV)
     if from_env:
         return _as_key(from_env, KEY_ENV, text=True)
@@ -157,7 +157,7 @@ def _key_folder(path: Path, *, create: bool) -> Iterator[int | None]:
         except OSError as error:
             raise KeyUnavailable(
                 f"cannot create the cache signing key folder {folder} ({error}). Set {KEY_FILE_ENV} to a path in a "
-                f"folder of your own, or pass the key itself in {KEY_ENV} or key=."
+                f"folder of your own, or pass the key itself in {KEY_ENV} or signing_key=."
             ) from error
     try:
         fd: int | None = os.open(folder, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC)
@@ -200,7 +200,7 @@ def _create_key_file(path: Path) -> bytes:
         except OSError as error:
             raise KeyUnavailable(
                 f"cannot create the cache signing key file {path} ({error}). Set {KEY_FILE_ENV} to a writable path of "
-                f"your own, or pass the key itself in {KEY_ENV} or key=."
+                f"your own, or pass the key itself in {KEY_ENV} or signing_key=."
             ) from error
     data = _read_key_file(path)
     if data is None:

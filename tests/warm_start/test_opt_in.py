@@ -71,13 +71,13 @@ def test_a_file_that_verifies_under_the_signing_key_is_signed_again_and_under_an
     mine.write_bytes(records_file(trust.resolve_key(), {"graph-mine": b"my record"}))
     jobs.write_bytes(records_file(JOB_KEY.encode(), {"graph-job": b"the job's record"}))
     subclass_ca.load_cache(mine)
-    subclass_ca.load_cache(jobs, key=JOB_KEY)
+    subclass_ca.load_cache(jobs, signing_key=JOB_KEY)
     assert subclass_ca.save_cache(tmp_path / "again.cache").traced_graphs == 1
     assert _saved_records(tmp_path / "again.cache") == {"graph-mine": b"my record"}
     assert sorted(p.name for p in (cache_folder / traced._SUBDIR).iterdir()) == ["graph-mine"]
-    assert subclass_ca.save_cache(tmp_path / "job-again.cache", key=JOB_KEY).traced_graphs == 1  # the job's key: the job's record
+    assert subclass_ca.save_cache(tmp_path / "job-again.cache", signing_key=JOB_KEY).traced_graphs == 1  # the job's key: the job's record
     traced._records.clear()
-    assert subclass_ca.load_cache(tmp_path / "job-again.cache", key=JOB_KEY).traced_graphs == 1
+    assert subclass_ca.load_cache(tmp_path / "job-again.cache", signing_key=JOB_KEY).traced_graphs == 1
     assert traced._find("graph-job") == b"the job's record"
 
 

@@ -98,12 +98,12 @@ def test_a_file_signed_with_another_key_is_refused_and_the_opt_in_loads_it(tmp_p
 def test_a_file_signed_with_the_jobs_key_loads_with_that_key_from_the_argument_or_the_environment(tmp_path, monkeypatch, loaded_into_torch):
     path = tmp_path / "compile.cache"
     path.write_bytes(records_file(OTHER_KEY, {"graph-key": b"record"}))
-    assert subclass_ca.load_cache(path, key=OTHER_KEY).traced_graphs == 1
+    assert subclass_ca.load_cache(path, signing_key=OTHER_KEY).traced_graphs == 1
     monkeypatch.setenv(trust.KEY_ENV, OTHER_KEY.decode())
     assert subclass_ca.load_cache(path).traced_graphs == 1
     assert loaded_into_torch == [b"artifacts", b"artifacts"]
     with pytest.raises(subclass_ca.CacheFileError, match="another key"):
-        subclass_ca.load_cache(path, key="yet another key, of 32 characters or more")
+        subclass_ca.load_cache(path, signing_key="yet another key, of 32 characters or more")
 
 
 def test_one_flipped_byte_anywhere_is_refused_before_anything_is_unpickled(tmp_path, marker, loaded_into_torch):
@@ -123,10 +123,10 @@ def test_one_flipped_byte_anywhere_is_refused_before_anything_is_unpickled(tmp_p
 
 
 def test_a_key_shorter_than_128_bits_is_refused_naming_its_source_and_how_to_make_one(monkeypatch, tmp_path):
-    """16 hex characters are 64 bits: refused from the environment (issue 60), as from key=; 32 hex characters or 16 bytes pass."""
-    with pytest.raises(subclass_ca.CacheFileError, match="key=: .*at least 128 bits"):
-        subclass_ca.load_cache(tmp_path / "x.cache", key="short")
-    with pytest.raises(subclass_ca.CacheFileError, match="key=: .*at least 128 bits"):
+    """16 hex characters are 64 bits: refused from the environment (issue 60), as from signing_key=; 32 hex characters or 16 bytes pass."""
+    with pytest.raises(subclass_ca.CacheFileError, match="signing_key=: .*at least 128 bits"):
+        subclass_ca.load_cache(tmp_path / "x.cache", signing_key="short")
+    with pytest.raises(subclass_ca.CacheFileError, match="signing_key=: .*at least 128 bits"):
         trust.resolve_key(b"15 bytes, short")
     assert trust.resolve_key(b"16 bytes exactly") == b"16 bytes exactly"
     monkeypatch.setenv(trust.KEY_ENV, "0123456789abcdef")  # 16 characters: the old minimum
@@ -296,7 +296,7 @@ import subclass_ca
 path = sys.argv[1]
 loaded = subclass_ca.load_cache(path)
 try:
-    subclass_ca.load_cache(path, key="not the job's key, 32 characters or more")
+    subclass_ca.load_cache(path, signing_key="not the job's key, 32 characters or more")
     wrong = "loaded"
 except subclass_ca.CacheFileError as error:
     wrong = str(error)
