@@ -37,6 +37,29 @@ def _sizes(config: Config) -> dict[str, bool]:
     return {"dynamic": False} if config.dynamic is False else {}
 
 
+class _TracedPiece:
+    """A piece compiled through a kept trace: its first call completes the recording, or gives it up (as a whole
+    graph's first call does in :meth:`CompiledCAGraph._first_call`)."""
+
+    def __init__(self, traced: TracedGraph) -> None:
+        self._traced = traced
+        self._first = True
+
+    def __call__(self, *args: Any) -> Any:
+        traced = self._traced
+        if not self._first:
+            return traced.compiled(*args)
+        try:
+            result = traced.compiled(*args)
+        except Exception:
+            if not traced.refused():
+                raise
+            result = traced.without_recording()(*args)
+        traced.compiled_once()
+        self._first = False
+        return result
+
+
 class CompiledCAGraph:
     """The compiled CA graph, with one recovery path when compiling our rebuild nodes fails.
 
@@ -96,13 +119,19 @@ class CompiledCAGraph:
             return None
         return _regional.regional_graph(self._graph_module, self._compile_piece, self._report)
 
-    def _compile_piece(self, forward: MethodType, *, fullgraph: bool) -> Any:
+    def _compile_piece(self, forward: MethodType, *, fullgraph: bool, args: tuple[Any, ...] | None = None) -> Any:
         """One piece of a split or regional graph (its GraphModule's bound ``forward``), compiled as the whole graph
-        would be."""
+        would be; ``args``, its first call's arguments where known, let it keep its Dynamo trace across processes as
+        a whole graph does (Note [Regional CA graphs], *Warm start*)."""
         config = self._config
         piece = cast(torch.fx.GraphModule, forward.__self__)
         kwargs = _cacheable.compile_kwargs(piece, config.backend, config.compile_kwargs, config.cache)
         backend, kwargs = _ddp.with_bucketing(config.backend, kwargs, self._ddp_bucket_mb)
+        if fullgraph and args is not None and config.cache and config.backend == "inductor":
+            behaviour = cross_process_key("a regional piece", piece, args)
+            traced = compile_traced(piece, config, kwargs, behaviour, **_sizes(config))
+            if traced is not None:
+                return _TracedPiece(traced)
         return torch.compile(forward, backend=backend, fullgraph=fullgraph, dynamic=_dynamic(config), **kwargs)
 
     def _call_in_scope(self, *args: Any, **kwargs: Any) -> Any:
@@ -131,7 +160,8 @@ class CompiledCAGraph:
             return self._compiled(*args, **kwargs)
         if self._first_run and self._compiled is None:  # before anything splits or compiles the graph
             # Note [Hooks run after every read of the tensor they are given]: args[0] is the graph's inputs list
-            order_hooks_after_reads(self._graph_module, args[0] if args and isinstance(args[0], list) else None)
+            order_hooks_after_reads(self._graph_module, args[0] if args and isinstance(args[0], list) else None,
+                                    args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else ())
             self._parameter_hooks_eagerly(args)
         # Note [FSDP2 under compiled autograd] in _fsdp2.py: detect FSDP2 hooks before the graph
         # runs, run the engine final callbacks eager hooks queue, check FSDP2 finished its backward.
@@ -199,7 +229,7 @@ class CompiledCAGraph:
         except Exception as error:
             if refusal is not None and _compat.is_graph_break(error):
                 raise refusal from error
-            if self._steps_eagerly(error):
+            if self._steps_eagerly(error, args):
                 return self._first(*args, **kwargs)
             if self._checked or not _compat.is_compile_failure(error):
                 if _compat.is_graph_break(error) and not self._graph_breaks_allowed and not raised_in_rebuild(error):
@@ -219,10 +249,10 @@ class CompiledCAGraph:
             return
         inputs = args[0] if args and isinstance(args[0], list) else None
         inductor = self._config.backend == "inductor"
-        points = hooks_to_run_eagerly(self._graph_module, inputs, steps_in_graph=inductor)
+        hooks = args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else []
+        points = hooks_to_run_eagerly(self._graph_module, inputs, hooks, steps_in_graph=inductor)
         if not points:
             return
-        hooks = args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else []
         others = _split.split_points(self._graph_module, hooks)  # FSDP2's and dynamo.disable-d hooks split too
         order = {node: index for index, node in enumerate(self._graph_module.graph.nodes)}
         why = (
@@ -233,13 +263,13 @@ class CompiledCAGraph:
         self._split_at(sorted({*points, *others}, key=order.__getitem__),
                        f"{len(points)} hook(s) handed a parameter (optimizer-in-backward) run eagerly: {why}")
 
-    def _steps_eagerly(self, error: Exception) -> bool:
+    def _steps_eagerly(self, error: Exception, args: tuple[Any, ...]) -> bool:
         """The whole compile failed on a hook that updates a parameter in place (nothing ran): split the graph at
         those hooks, which then run eagerly between compiled pieces (Note [Optimizer steps compiled into the CA
         graph] in ``_compat/optimizer_tracing.py``, its limitation); False when that is not the failure."""
         if self._compile_graph is not None or not _compat.is_aliased_subclass_mutation(error):
             return False
-        points = mutating_hook_calls(self._graph_module)
+        points = mutating_hook_calls(self._graph_module, args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else ())
         if not points:
             return False
         self._split_at(

@@ -161,10 +161,27 @@ def _describe(hook: torch.fx.Node) -> str:
     return f"{kind}{slot} ({hook.name})"
 
 
-def mutating_hook_calls(graph_module: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    """The hook calls handed a tensor from outside the backward (which they may update in place), in graph order."""
+def _hook_object(hook: torch.fx.Node, hooks: Sequence[object]) -> object:
+    source = hook.args[0] if hook.args else None
+    if isinstance(source, torch.fx.Node) and source.target is operator.getitem and len(source.args) > 1:
+        index = source.args[1]
+        if isinstance(index, int) and index < len(hooks):
+            return hooks[index]
+    return None
+
+
+def mutating_hook_calls(graph_module: torch.fx.GraphModule, hooks: Sequence[object] = ()) -> list[torch.fx.Node]:
+    """The hook calls handed a tensor from outside the backward (which they may update in place), in graph order.
+
+    ``hooks``: the graph's hook objects on its first run, where known: DDP's Python reducer's hooks (which
+    all-reduce ``.grad`` and never write the parameter) are left where compiled autograd put them.
+    """
     input_reads = _input_reads(graph_module.graph)
-    return [hook for hook in _hook_calls(graph_module.graph) if any(arg in input_reads for arg in _flat_nodes(hook.args[1:]))]
+    return [
+        hook for hook in _hook_calls(graph_module.graph)
+        if any(arg in input_reads for arg in _flat_nodes(hook.args[1:]))
+        and not _compat.is_reducer_hook(_hook_object(hook, hooks))
+    ]
 
 
 def _hands_a_subclass(hook: torch.fx.Node, reads: dict[torch.fx.Node, int], inputs: Sequence[object] | None,
@@ -188,39 +205,41 @@ def _hands_a_subclass(hook: torch.fx.Node, reads: dict[torch.fx.Node, int], inpu
     return False
 
 
-def hooks_to_run_eagerly(graph_module: torch.fx.GraphModule, inputs: Sequence[object] | None, *,
-                         steps_in_graph: bool) -> list[torch.fx.Node]:
+def hooks_to_run_eagerly(graph_module: torch.fx.GraphModule, inputs: Sequence[object] | None, hooks: Sequence[object],
+                         *, steps_in_graph: bool) -> list[torch.fx.Node]:
     """The parameter hooks that must run eagerly between compiled pieces rather than be compiled into the graph.
 
     All of them unless ``steps_in_graph`` (the backend updates in place); else those handed a wrapper-subclass
     parameter or gradient (Note [Optimizer steps compiled into the CA graph] in ``_compat/optimizer_tracing.py``).
     """
-    hooks = mutating_hook_calls(graph_module)
+    found = mutating_hook_calls(graph_module, hooks)
     if not steps_in_graph:
-        return hooks
+        return found
     reads = _input_reads(graph_module.graph)
     rebuilt = set(subclass_nodes(graph_module.graph))
-    return [hook for hook in hooks if _hands_a_subclass(hook, reads, inputs, rebuilt)]
+    return [hook for hook in found if _hands_a_subclass(hook, reads, inputs, rebuilt)]
 
 
-def order_hooks_after_reads(graph_module: torch.fx.GraphModule, inputs: Sequence[object] | None = None) -> int:
+def order_hooks_after_reads(graph_module: torch.fx.GraphModule, inputs: Sequence[object] | None = None,
+                            hooks: Sequence[object] = ()) -> int:
     """Move each hook handed an input tensor after the last read of that tensor; the number of hooks moved.
 
     ``inputs``: the graph's real ``inputs`` list on its first run, which tells which inputs share memory
-    (without it, only the aliases the graph shows are found).  Recompiles ``graph_module``'s code when
+    (without it, only the aliases the graph shows are found); ``hooks``: its hook objects (see
+    :func:`mutating_hook_calls`).  Recompiles ``graph_module``'s code when
     anything moved.  Raises :class:`HookOrderError` where the order cannot be kept (Note [Hooks run after
     every read of the tensor they are given]).
     """
     graph = graph_module.graph
     input_reads = _input_reads(graph)
-    hooks = mutating_hook_calls(graph_module)
-    if not hooks:
+    moved_hooks = mutating_hook_calls(graph_module, hooks)
+    if not moved_hooks:
         return 0
-    hook_set = set(hooks)
+    hook_set = set(moved_hooks)
     same_memory = _same_memory(input_reads, inputs)
     position = {node: index for index, node in enumerate(graph.nodes)}
     moves: list[tuple[torch.fx.Node, torch.fx.Node]] = []
-    for hook in hooks:
+    for hook in moved_hooks:
         anchor = hook
         for tensor in (arg for arg in _flat_nodes(hook.args[1:]) if arg in input_reads):
             readers = {

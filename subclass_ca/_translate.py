@@ -172,8 +172,9 @@ def _graph_break_error(error: BaseException, refusal: _compat.Refusal) -> GraphB
     return GraphBreakError(
         f"the backward graph needs a graph break, which fullgraph=True (the default) refuses: {reason}.{where} "
         "No gradient was produced. This is typical of hooks that run Python Dynamo cannot trace (e.g. an "
-        "optimizer step inside a post-accumulate-grad hook). Pass enable(fullgraph=False) to run that code "
-        "eagerly between compiled pieces (the capture report lists the breaks), or make the hook traceable."
+        "optimizer outside torch.optim stepped in a post-accumulate-grad hook). Pass enable(fullgraph=False) to "
+        "run that code eagerly between compiled pieces, in eager autograd's order (the capture report lists the "
+        "breaks), or make the hook traceable."
     )
 
 

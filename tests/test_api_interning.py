@@ -63,13 +63,13 @@ def test_different_settings_never_share_a_compiler(name):
 def test_equal_settings_share_one_config_compiler_and_token():
     first = subclass_ca.enable(backend="aot_eager", strict=True, mode="default")
     second = subclass_ca.enable(mode="default", strict=True, backend="aot_eager")
-    from_config = subclass_ca.enable(config=subclass_ca.Config(strict=True, compile_kwargs={"mode": "default"}))
+    from_config = subclass_ca.enable(config=subclass_ca.Config(backend="aot_eager", strict=True, compile_kwargs={"mode": "default"}))
     assert second._compiler is first._compiler and from_config._compiler is first._compiler
     assert second.config is first.config and from_config.config == first.config
     assert second._token == first._token == from_config._token
     assert first._compiler.factory is second._compiler.factory
-    # defaults spelled out are the same settings as defaults left out
-    spelled = subclass_ca.enable(backend="aot_eager", dynamic=None, strict=False, on_unsupported="error", fullgraph=True)
+    # defaults spelled out are the same settings as defaults left out (backend=None: follow the forwards)
+    spelled = subclass_ca.enable(backend=None, dynamic=None, strict=False, on_unsupported="error", fullgraph=True)
     assert spelled._compiler is subclass_ca.enable()._compiler
 
 

@@ -151,7 +151,7 @@ def test_issue_59_snippet_trains_like_eager_under_both_fullgraph_settings(fullgr
 
 def test_without_the_hook_order_rule_the_snippet_trains_a_different_model(monkeypatch):
     """The rule is what makes the tests above pass: compiled autograd's own order steps ``b`` before ``a``'s read."""
-    monkeypatch.setattr("subclass_ca._graph.order_hooks_after_reads", lambda graph_module, inputs=None: 0)
+    monkeypatch.setattr("subclass_ca._graph.order_hooks_after_reads", lambda graph_module, inputs=None, hooks=(): 0)
     subclass_ca.reset()
     want = _train_eager(_build("plain", "adamw", False))
     got = _train(_build("plain", "adamw", False), fullgraph=False)

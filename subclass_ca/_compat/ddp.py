@@ -5,16 +5,19 @@ Note [DDP under compiled autograd] in ``subclass_ca/_ddp.py`` says what we do wi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from ._lookup import lookup
 from ._patch import AttributeSwap
 
-__all__ = ["DDP_CLASS", "DDP_PARTS", "ddp_supported", "pre_forward_swap", "uses_python_reducer", "to_python_reducer",
+__all__ = ["is_reducer_hook", "DDP_CLASS", "DDP_PARTS", "ddp_supported", "pre_forward_swap", "uses_python_reducer", "to_python_reducer",
            "to_cpp_reducer", "ddp_features", "DDP_BUCKETING", "bucket_size_mb", "bucketing_options", "bucketing_aot_eager"]
 
 DDP_CLASS = "torch.nn.parallel:DistributedDataParallel"
+_DDP_MODULE = "torch.nn.parallel.distributed"
+"""Where DDP's Python reducer defines the post-accumulate-grad hook it registers per parameter."""
 DDP_PARTS = ("_pre_forward", "_register_accum_grad_hook", "_ddp_init_helper", "_build_params_for_reducer",
              "_build_debug_param_to_name_mapping")
 """The methods switching a module's reducer calls (it also reads ``_use_python_reducer`` and ``_accum_grad_hooks``)."""
@@ -31,6 +34,15 @@ SET_FAKE_MODE = "torch._inductor.virtualized:V.set_fake_mode"
 """Inductor's passes bucketing the Python reducer's all-reduces, their bucket size in MB, and aot_eager's pieces that
 let those passes run there too (Note [Bucketing the Python reducer's all-reduces] in ``subclass_ca/_ddp.py``)."""
 _MB = 1024 * 1024
+
+
+def is_reducer_hook(hook: Any) -> bool:
+    """A post-accumulate-grad hook DDP's Python reducer registered: it all-reduces ``.grad`` and never writes the
+    parameter (a ``functools.partial`` of a function defined in DDP's module)."""
+    function = hook
+    while isinstance(function, functools.partial):
+        function = function.func
+    return getattr(function, "__module__", None) == _DDP_MODULE
 
 
 def ddp_supported() -> bool:
