@@ -65,12 +65,9 @@ regions is cut into pieces and each *distinct* piece is compiled once:
   key goes through the never-stale key swap (Note [Keys by behaviour]), or the cache is bypassed,
   so a restart never reuses a stale piece, and an unchanged restart takes every distinct piece from
   the cache (tests/warm_start/test_never_stale.py runs a regional program in every form).  A
-  distinct piece also keeps its Dynamo trace, as a whole graph does (Note [Skipping Dynamo's trace of an
-  unchanged CA graph] in ``_warm_start/traced.py``): one record per distinct piece, keyed by the
-  piece's behaviour on its first call's arguments (computed once per distinct piece and process, not
-  per block), written by ``save_cache()`` and into the cache folder, replayed by a restart, so an
-  unchanged restart traces no piece again; a changed block body or a changed ``__torch_dispatch__``
-  reached from a piece changes its key and misses.
+  regional graph keeps no Dynamo trace (kept traces are
+  per whole graph, and the whole graph's key would describe every block again), so a restart traces
+  each distinct piece again: a handful, not one per block.
 """
 
 from __future__ import annotations
@@ -251,8 +248,7 @@ class _Slot:
             if self._graph.mode.run_only:
                 return self._frame(*args)
             return compiled(*args)
-        self._compiled, self._frame = self._graph.compiled_for(self._identity, tuple(_input_identity(a) for a in args),
-                                                               self._module, args)
+        self._compiled, self._frame = self._graph.compiled_for(self._identity, tuple(_input_identity(a) for a in args), self._module)
         try:
             return self._compiled(*args)
         except Exception as error:
@@ -287,18 +283,12 @@ class RegionalGraph:
         """Distinct compiled pieces so far."""
         return len(self._compiled)
 
-    def compiled_for(self, identity: tuple[Any, ...], inputs: tuple[Any, ...], module: torch.fx.GraphModule,
-                     args: tuple[Any, ...]) -> tuple[Any, Any]:
-        """The compiled piece of this identity, and the function whose frame holds its compiled code.
-
-        ``args``: the first call's arguments, from which the piece's key across processes is computed, once per
-        distinct piece (*Warm start* in Note [Regional CA graphs]).
-        """
+    def compiled_for(self, identity: tuple[Any, ...], inputs: tuple[Any, ...], module: torch.fx.GraphModule) -> tuple[Any, Any]:
+        """The compiled piece of this identity, and the function whose frame holds its compiled code."""
         key = (identity, inputs)
         found = self._compiled.get(key)
         if found is None:
-            compiled = self._compile_piece(module.forward, fullgraph=True, args=args)
-            found = self._compiled[key] = (compiled, module.forward)
+            found = self._compiled[key] = (self._compile_piece(module.forward, fullgraph=True), module.forward)
             self._report.regional_compiles = len(self._compiled)
         self._ran += 1
         return found

@@ -86,13 +86,12 @@ def main(settings: dict) -> dict:
             eager_blocks, blocks = _blocks(cls, w0, depth + 2, compiled=False), _blocks(cls, w0, depth + 2, compiled=True)
             eager_blocks(x).sum().backward()
             loss = blocks(x).sum()
-            hits_before, replayed_before = _compat.cache_counters()["aot_hit"], traced.stats["replayed"]
+            hits_before = _compat.cache_counters()["aot_hit"]
             with subclass_ca.enable(backend="inductor"):
                 loss.backward()
             report = subclass_ca.last_report()
             hits = _compat.cache_counters()["aot_hit"] - hits_before  # the backward's: its pieces' entries
-            replayed = traced.stats["replayed"] - replayed_before  # its pieces' kept traces (save_cache())
-            result.setdefault("regional", {})[name] = [report.regional_pieces, report.regional_compiles, hits, replayed]
+            result.setdefault("regional", {})[name] = [report.regional_pieces, report.regional_compiles, hits]
             result["types"][f"{program} {name}"] = {
                 "grad": [v for block in blocks for v in _inner(block.weight.grad)],
                 "eager": [v for block in eager_blocks for v in _inner(block.weight.grad)],
