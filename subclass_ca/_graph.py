@@ -37,29 +37,6 @@ def _sizes(config: Config) -> dict[str, bool]:
     return {"dynamic": False} if config.dynamic is False else {}
 
 
-class _TracedPiece:
-    """A piece compiled through a kept trace: its first call completes the recording, or gives it up (as a whole
-    graph's first call does in :meth:`CompiledCAGraph._first_call`)."""
-
-    def __init__(self, traced: TracedGraph) -> None:
-        self._traced = traced
-        self._first = True
-
-    def __call__(self, *args: Any) -> Any:
-        traced = self._traced
-        if not self._first:
-            return traced.compiled(*args)
-        try:
-            result = traced.compiled(*args)
-        except Exception:
-            if not traced.refused():
-                raise
-            result = traced.without_recording()(*args)
-        traced.compiled_once()
-        self._first = False
-        return result
-
-
 class CompiledCAGraph:
     """The compiled CA graph, with one recovery path when compiling our rebuild nodes fails.
 
@@ -119,19 +96,13 @@ class CompiledCAGraph:
             return None
         return _regional.regional_graph(self._graph_module, self._compile_piece, self._report)
 
-    def _compile_piece(self, forward: MethodType, *, fullgraph: bool, args: tuple[Any, ...] | None = None) -> Any:
+    def _compile_piece(self, forward: MethodType, *, fullgraph: bool) -> Any:
         """One piece of a split or regional graph (its GraphModule's bound ``forward``), compiled as the whole graph
-        would be; ``args``, its first call's arguments where known, let it keep its Dynamo trace across processes as
-        a whole graph does (Note [Regional CA graphs], *Warm start*)."""
+        would be."""
         config = self._config
         piece = cast(torch.fx.GraphModule, forward.__self__)
         kwargs = _cacheable.compile_kwargs(piece, config.backend, config.compile_kwargs, config.cache)
         backend, kwargs = _ddp.with_bucketing(config.backend, kwargs, self._ddp_bucket_mb)
-        if fullgraph and args is not None and config.cache and config.backend == "inductor":
-            behaviour = cross_process_key("a regional piece", piece, args)
-            traced = compile_traced(piece, config, kwargs, behaviour, **_sizes(config))
-            if traced is not None:
-                return _TracedPiece(traced)
         return torch.compile(forward, backend=backend, fullgraph=fullgraph, dynamic=_dynamic(config), **kwargs)
 
     def _call_in_scope(self, *args: Any, **kwargs: Any) -> Any:
