@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from tools.bench.stats import judge, paired_ratio, stats
+from tools.common.stats import judge, paired_ratio, stats
 
 __all__ = ["MODES", "MODELS", "build_parser", "build", "main", "measure_times", "step_peak_bytes"]
 
@@ -194,7 +194,9 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tools optimizer-in-backward", description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--backend", default="aot_eager")
+    parser.add_argument("--backends", nargs="+", default=["inductor", "aot_eager"],
+                        help="the forward's and the CA graph's backend, one table row per model and backend")
+    parser.add_argument("--backend", default="inductor", help=argparse.SUPPRESS)  # the memory child's
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--memory-steps", type=int, default=3)
@@ -212,10 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     torch.set_num_threads(1)
     rows = []
-    for model in args.models:
-        times = measure_times(model, args.backend, warmup=args.warmup, rounds=args.rounds)
-        memory = {mode: _memory(model, mode, args.backend) for mode in MODES}
-        rows.append(_row(model, args.backend, times, memory))
+    for backend in args.backends:
+        for model in args.models:
+            times = measure_times(model, backend, warmup=args.warmup, rounds=args.rounds)
+            memory = {mode: _memory(model, mode, backend) for mode in MODES}
+            rows.append(_row(model, backend, times, memory))
     command = "python -m tools optimizer-in-backward " + " ".join(argv if argv is not None else sys.argv[1:])
     text = markdown(rows, command.strip())
     print(text)
