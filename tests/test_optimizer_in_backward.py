@@ -180,6 +180,7 @@ def test_torchtune_pattern_under_aot_eager_runs_hooks_eagerly_between_compiled_p
 
 
 @pytest.mark.inductor
+@pytest.mark.isolated(reason="torch 2.11 segfaults collecting the garbage of an optimizer step compiled in a CA graph")
 @pytest.mark.parametrize("kind", ["plain", pytest.param("nf4", marks=_kinds()[2].marks)])
 def test_torchtune_pattern_compiles_whole_under_inductor(kind, device):
     """Every optimizer (for-loop and foreach, zero_grad to None and in place) in one model, one compile."""

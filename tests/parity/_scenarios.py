@@ -473,7 +473,8 @@ SCENARIOS: list[Case] = [
     # the compiled region is one autograd node: a post hook on it sees the region's input grads
     Case("grad_fn_posthook_on_region", functools.partial(grad_fn_posthooks, one_op_region=False),
          stock_differs_from_eager=("x.grad", "w.grad")),
-    Case("post_accumulate_grad_hooks", post_accumulate_grad_hooks),
+    # ours runs parameter hooks eagerly between compiled pieces under aot_eager (issue 59): == eager bitwise
+    Case("post_accumulate_grad_hooks", post_accumulate_grad_hooks, ours_hooks_run_eagerly=True),
     Case("shared_gradient_inplace_clip", shared_gradient_inplace_clip),
     Case("retain_graph_two_backwards", retain_graph_two_backwards),
     Case("accumulate_into_existing_grad", accumulate_into_existing_grad),
@@ -496,7 +497,7 @@ SCENARIOS: list[Case] = [
     # stock's Dynamo cannot trace an optimizer step in the CA graph (Unsupported); ours compiles it in (issue 59)
     Case("optimizer_in_backward", optimizer_in_backward, ours_trains_where_stock_breaks=True),
     # torch 2.11's stock CA segfaults collecting this run's garbage (2 runs in 3): a fresh process, see conftest.py
-    Case("optimizer_in_backward_fullgraph_false", optimizer_in_backward, fullgraph=False,
+    Case("optimizer_in_backward_fullgraph_false", optimizer_in_backward, fullgraph=False, ours_hooks_run_eagerly=True,
          marks=(pytest.mark.isolated(reason="torch 2.11 stock compiled autograd segfaults in gc after it"),)),
     Case("double_backward", double_backward),  # stock raises: the same error, no eager comparison
     # eager supports double backward; a compiled region refuses it (torch's limitation)
