@@ -220,17 +220,20 @@ class CompiledCAGraph:
             return
         inputs = args[0] if args and isinstance(args[0], list) else None
         inductor = self._config.backend == "inductor"
+        traceable = _compat.optimizer_tracing_available()  # this torch's Dynamo pieces the steps need
         hooks = args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else []
-        points = hooks_to_run_eagerly(self._graph_module, inputs, hooks, steps_in_graph=inductor)
+        points = hooks_to_run_eagerly(self._graph_module, inputs, hooks, steps_in_graph=inductor and traceable)
         if not points:
             return
         others = _split.split_points(self._graph_module, hooks)  # FSDP2's and dynamo.disable-d hooks split too
         order = {node: index for index, node in enumerate(self._graph_module.graph.nodes)}
-        why = (
-            "a compiled step over a wrapper-subclass parameter or gradient computes wrong updates (torch)" if inductor
-            else f"compiled with {self._config.backend!r}, the graph would keep every updated parameter and optimizer "
-            "state alive to its end (AOTAutograd applies in-place updates there; inductor writes them in place)"
-        )
+        if not inductor:
+            why = (f"compiled with {self._config.backend!r}, the graph would keep every updated parameter and optimizer "
+                   "state alive to its end (AOTAutograd applies in-place updates there; inductor writes them in place)")
+        elif not traceable:
+            why = f"this torch's Dynamo ({_compat.TORCH_VERSION}) lacks what compiling an optimizer step in needs"
+        else:
+            why = "a compiled step over a wrapper-subclass parameter or gradient computes wrong updates (torch)"
         self._split_at(sorted({*points, *others}, key=order.__getitem__),
                        f"{len(points)} hook(s) handed a parameter (optimizer-in-backward) run eagerly: {why}")
 

@@ -199,6 +199,7 @@ from .messages import (
     raised_exception,
     read_refusal,
 )
+from .optimizer_tracing import optimizer_tracing_available
 from .precompile import (
     PRECOMPILE_PARTS,
     dynamo_optimize,
@@ -357,6 +358,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "is_graph_break",
     "is_aliased_subclass_mutation",
     "is_reducer_hook",
+    "optimizer_tracing_available",
     "is_nested_jagged_refusal",
     "is_op_overload",
     "is_stable_prologue",

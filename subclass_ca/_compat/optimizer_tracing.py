@@ -37,6 +37,11 @@ out 6e-3 off eager, and ``_optimizer_step.py`` records wrong compiled steps over
 subclass gradients; so a hook handed a subclass parameter, or a parameter whose gradient the graph
 rebuilds as a subclass, runs eagerly too (the graph is split at it), under every backend.
 
+*Which torch.*  The three replacements are feature-detected (:func:`optimizer_tracing_available`):
+torch 2.11-2.13 have them; torch 2.15 dispatches ``_init_group`` through a ``tp_methods`` table
+instead of ``call_method``, so there every parameter hook runs eagerly between compiled pieces,
+under inductor too (correct, not compiled in).
+
 All three act only while one of subclass_ca's CA graphs runs (the ``ca-graph-run`` scope, Note
 [Workaround scopes]): a user's own ``torch.compile``-d step keeps torch's graph breaks.  Optimizers
 outside ``torch.optim`` are traced as Dynamo traces them; where that needs a graph break,

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import subclass_ca
+from subclass_ca import _compat
 from subclass_ca.testing.subclasses import make_pair
 from tests.helpers import assert_same_grad
 
@@ -95,7 +96,7 @@ def test_an_untraceable_hook_compiled_in_raises_graph_break_error_by_default_and
     _attach_optimizers(params, untraceable=True)
     forward = torch.compile(lambda x: second(torch.tanh(first(x))).sin().sum(), backend="aot_eager")
     loss = forward(torch.randn(2, 4))
-    if fullgraph:
+    if fullgraph and _compat.optimizer_tracing_available():
         with pytest.raises(subclass_ca.GraphBreakError, match=r"fullgraph=False") as info:
             with subclass_ca.enable(backend="inductor"):
                 loss.backward()
@@ -117,6 +118,9 @@ def test_an_untraceable_hook_compiled_in_raises_graph_break_error_by_default_and
     for want, got in zip(expected, params):
         assert_same_grad(want.detach(), got.detach(), exact=False)
     report = subclass_ca.last_report()
+    if not _compat.optimizer_tracing_available():  # this torch compiles no hook in: they run eagerly between pieces
+        assert report.split_hooks and not report.graph_breaks, report.summary()
+        return
     assert report.graph_breaks and not report.split_hooks, report.summary()
 
 
