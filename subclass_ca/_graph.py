@@ -72,6 +72,8 @@ class CompiledCAGraph:
             patches.install()
         self._first_run = True
         self._steady = False
+        self._hooks_eager = False
+        """Its parameter hooks run eagerly between compiled pieces (Note [Optimizer steps compiled into the CA graph])."""
         self._static_sizes = config.dynamic is False  # Note [Static-first CA graphs] in _compiler.py
         self._ddp_bucket_mb = _ddp.capture_bucket_mb()
         """Read at the capture, used by every compile of this graph (Note [Bucketing the Python reducer's all-reduces])."""
@@ -195,12 +197,15 @@ class CompiledCAGraph:
         """The first run compiles: recover from failures that are ours, list graph breaks."""
         breaks_before = _compat.graph_break_counts()
         refusal = grad_dtype_refusal(args)  # read now: the graph empties its inputs list
+        kept = list(args[0]) if args and isinstance(args[0], list) and not self._hooks_eager else None
         try:
             result = self._first_call(*args, **kwargs)
         except Exception as error:
             if refusal is not None and _compat.is_graph_break(error):
                 raise refusal from error
             if self._steps_eagerly(error, args):
+                if kept is not None:
+                    args[0][:] = kept  # nothing ran: the retry gets the inputs the failed compile may have emptied
                 return self._first(*args, **kwargs)
             if self._checked or not _compat.is_compile_failure(error):
                 if _compat.is_graph_break(error) and not self._graph_breaks_allowed and not raised_in_rebuild(error):
@@ -220,7 +225,7 @@ class CompiledCAGraph:
             return
         inputs = args[0] if args and isinstance(args[0], list) else None
         inductor = self._config.backend == "inductor"
-        traceable = _compat.optimizer_tracing_available()  # this torch's Dynamo pieces the steps need
+        traceable = _compat.steps_compile_in()  # this torch can compile the steps in (feature-detected)
         hooks = args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else []
         points = hooks_to_run_eagerly(self._graph_module, inputs, hooks, steps_in_graph=inductor and traceable)
         if not points:
@@ -231,26 +236,29 @@ class CompiledCAGraph:
             why = (f"compiled with {self._config.backend!r}, the graph would keep every updated parameter and optimizer "
                    "state alive to its end (AOTAutograd applies in-place updates there; inductor writes them in place)")
         elif not traceable:
-            why = f"this torch's Dynamo ({_compat.TORCH_VERSION}) lacks what compiling an optimizer step in needs"
+            why = f"this torch ({_compat.TORCH_VERSION}) cannot compile an optimizer step into the graph"
         else:
-            why = "a compiled step over a wrapper-subclass parameter or gradient computes wrong updates (torch)"
+            why = ("the graph holds a wrapper subclass (a compiled step over TwoTensor came out 6e-3 off; torch 2.14 "
+                   "fails an NF4-QLoRA graph with the steps in)")
+        self._hooks_eager = True
         self._split_at(sorted({*points, *others}, key=order.__getitem__),
                        f"{len(points)} hook(s) handed a parameter (optimizer-in-backward) run eagerly: {why}")
 
     def _steps_eagerly(self, error: Exception, args: tuple[Any, ...]) -> bool:
-        """The whole compile failed on a hook that updates a parameter in place (nothing ran): split the graph at
-        those hooks, which then run eagerly between compiled pieces (Note [Optimizer steps compiled into the CA
-        graph] in ``_compat/optimizer_tracing.py``, its limitation); False when that is not the failure."""
-        if self._compile_graph is not None or not _compat.is_aliased_subclass_mutation(error):
+        """The first compile of a graph with parameter hooks compiled in failed (nothing ran): split the graph at
+        those hooks, which then run eagerly between compiled pieces, and try once more (Note [Optimizer steps
+        compiled into the CA graph] in ``_compat/optimizer_tracing.py``); False when that does not apply."""
+        if self._compile_graph is not None or self._hooks_eager:
+            return False
+        if not _compat.is_aliased_subclass_mutation(error):  # AOT refuses while compiling: nothing ran (others may have)
             return False
         points = mutating_hook_calls(self._graph_module, args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else ())
         if not points:
             return False
-        self._split_at(
-            points,
-            "hooks handed a wrapper-subclass parameter (optimizer-in-backward) run eagerly: AOTAutograd cannot compile "
-            "an in-place update of an input that another input of the graph aliases (a view the forward saved)",
-        )
+        cause = ("AOTAutograd cannot compile an in-place update of an input that another input of the graph aliases "
+                 "(a view the forward saved)")
+        self._hooks_eager = True
+        self._split_at(points, f"{len(points)} hook(s) handed a parameter (optimizer-in-backward) run eagerly: {cause}")
         return True
 
     def _behaviour_key(self, args: tuple[Any, ...]) -> str | None:

@@ -209,12 +209,15 @@ def hooks_to_run_eagerly(graph_module: torch.fx.GraphModule, inputs: Sequence[ob
                          *, steps_in_graph: bool) -> list[torch.fx.Node]:
     """The parameter hooks that must run eagerly between compiled pieces rather than be compiled into the graph.
 
-    All of them unless ``steps_in_graph`` (the backend updates in place); else those handed a wrapper-subclass
-    parameter or gradient (Note [Optimizer steps compiled into the CA graph] in ``_compat/optimizer_tracing.py``).
+    All of them unless ``steps_in_graph`` (the backend updates in place) and the graph holds no wrapper subclass
+    (among its inputs, or a gradient it rebuilds) (Note [Optimizer steps compiled into the CA graph] in
+    ``_compat/optimizer_tracing.py``).
     """
     found = mutating_hook_calls(graph_module, hooks)
-    if not steps_in_graph:
+    if not steps_in_graph or not found:
         return found
+    if inputs is None or any(_compat.is_traceable_wrapper_subclass(value) for value in inputs):
+        return found  # a wrapper subclass anywhere in the graph's inputs (a frozen NF4 base, a TwoTensor parameter)
     reads = _input_reads(graph_module.graph)
     rebuilt = set(subclass_nodes(graph_module.graph))
     return [hook for hook in found if _hands_a_subclass(hook, reads, inputs, rebuilt)]

@@ -193,7 +193,9 @@ def test_torchtune_pattern_compiles_whole_under_inductor(kind, device):
             if expected.grad is not None:
                 torch.testing.assert_close(actual.grad, expected.grad)
     report = subclass_ca.last_report()
-    if not _compat.optimizer_tracing_available():  # this torch cannot compile the steps in: hooks run eagerly
+    if not _compat.steps_compile_in():
+        # a wrapper subclass in the graph (the NF4 base), or a torch that cannot compile the steps in (2.15): the
+        # hooks run eagerly between compiled pieces, == eager (Note [Optimizer steps compiled into the CA graph])
         _assert_hooks_ran_eagerly_between_pieces(report)
         return
     assert report.fullgraph and not report.graph_breaks and not report.split_hooks, report.summary()

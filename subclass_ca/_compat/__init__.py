@@ -232,6 +232,7 @@ from .workarounds import (
     ca_graph_run_patches,
     compiled_step_on_subclass_grads_is_wrong,
     needed_workarounds,
+    steps_compile_in,
 )
 
 __all__ = [  # the facade: every name the rest of the package uses (re-exports from the area modules, and this module's own)
@@ -359,6 +360,7 @@ __all__ = [  # the facade: every name the rest of the package uses (re-exports f
     "is_aliased_subclass_mutation",
     "is_reducer_hook",
     "optimizer_tracing_available",
+    "steps_compile_in",
     "is_nested_jagged_refusal",
     "is_op_overload",
     "is_stable_prologue",

@@ -32,15 +32,20 @@ reason people step in the backward.  So only a CA graph compiled with inductor t
 with any other backend ``CompiledCAGraph`` splits the graph at the hooks handed a parameter, which
 run eagerly between pieces compiled with ``fullgraph=True`` (compile-only's memory and speed).
 
-*Which parameters.*  A step Dynamo compiles over a wrapper-subclass parameter (TwoTensor, AdamW) came
-out 6e-3 off eager, and ``_optimizer_step.py`` records wrong compiled steps over plain parameters with
-subclass gradients; so a hook handed a subclass parameter, or a parameter whose gradient the graph
-rebuilds as a subclass, runs eagerly too (the graph is split at it), under every backend.
+*Which graphs.*  A step Dynamo compiles over a wrapper-subclass parameter (TwoTensor, AdamW) came out
+6e-3 off eager, ``_optimizer_step.py`` records wrong compiled steps over plain parameters with subclass
+gradients, and torch 2.14 fails an NF4-QLoRA graph with the steps in ("Attempt to trace generator",
+after part of it ran: a retry then double-steps).  So the steps are compiled in only into a graph that
+holds no wrapper subclass (none among its inputs, no gradient it rebuilds); elsewhere every parameter
+hook runs eagerly between compiled pieces, under every backend.  NF4-QLoRA compiled in was right on
+torch 2.13; a probe of the 2.14 failure would give it back there.
 
 *Which torch.*  The three replacements are feature-detected (:func:`optimizer_tracing_available`):
 torch 2.11-2.13 have them; torch 2.15 dispatches ``_init_group`` through a ``tp_methods`` table
-instead of ``call_method``, so there every parameter hook runs eagerly between compiled pieces,
-under inductor too (correct, not compiled in).
+instead of ``call_method``.  And torch 2.14's AOT (per-inner symints in its flat layout, probed by
+``workarounds.steps_compile_in``) applied an NF4-QLoRA graph's parameter mutations to tensors of the
+wrong size, after part of the graph ran.  So the steps compile in on 2.11-2.13 only; elsewhere every
+parameter hook runs eagerly between compiled pieces, under inductor too (correct, not compiled in).
 
 All three act only while one of subclass_ca's CA graphs runs (the ``ca-graph-run`` scope, Note
 [Workaround scopes]): a user's own ``torch.compile``-d step keeps torch's graph breaks.  Optimizers

@@ -43,6 +43,7 @@ __all__ = [
     "ca_graph_run_patches",
     "ca_capture_patches",
     "compiled_step_on_subclass_grads_is_wrong",
+    "steps_compile_in",
 ]
 
 SCOPES: dict[str, Scope | AnyScope] = {
@@ -222,6 +223,13 @@ GRAD_CONTEXT = Workaround(
         resident=True,
     ),
 )
+
+def steps_compile_in() -> bool:
+    """Whether optimizer steps may be compiled into a CA graph on this torch (Note [Optimizer steps compiled into
+    the CA graph], *Which torch*): its Dynamo has the pieces, and AOT's flat layout is the one before per-inner
+    symints (with them, torch 2.14 applied an NF4-QLoRA graph's parameter mutations to tensors of the wrong size)."""
+    return optimizer_tracing_available() and not _plain_meta_has_inner_symints()
+
 
 def _plain_meta_has_inner_symints() -> bool:
     """torch >= 2.14: plain inner tensors of a subclass carry their own symints in AOT's flat layout."""
