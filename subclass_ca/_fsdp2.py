@@ -65,6 +65,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import _compat
+from ._nodes import hook_arg
 from .errors import FSDP2UnsupportedError
 
 __all__ = ["hook_owners", "prepare", "check_finished", "final_callbacks", "check_supported", "GRAPH_BREAK_REASON", "SPLIT_REASON"]
@@ -75,8 +76,6 @@ GRAPH_BREAK_REASON = (
 )
 SPLIT_REASON = "FSDP2: fully_shard hooks are dynamo.disable-d on torch {version}"
 """Start of the capture report's reason when the graph is split (Note [Splitting the CA graph at FSDP2's hooks])."""
-_HOOKS_ARG = 3
-"""Position of the hook list in compiled autograd's call of a CA graph: (inputs, sizes, scalars, hooks, packed)."""
 
 
 def hook_owners(hooks: Sequence[Any]) -> list[Any]:
@@ -101,7 +100,7 @@ def check_supported(owners: Sequence[Any]) -> None:
 
 def prepare(graph: Any, args: Sequence[Any]) -> list[Any]:
     """Before a CA graph runs: detect FSDP2 hooks, check support, split the graph at them; the FSDP2 states found."""
-    hooks = args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else ()
+    hooks = hook_arg(args)
     if not hooks or not _compat.fsdp2_loaded():
         return []
     owners = hook_owners(hooks)

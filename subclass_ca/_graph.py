@@ -11,7 +11,7 @@ import torch
 from . import _compat, _ddp, _fsdp2, _regional, _split, diagnostics
 from ._epilogue import warn_fallback_once
 from ._hook_order import hooks_to_run_eagerly, mutating_hook_calls, order_hooks_after_reads
-from ._nodes import raised_in_rebuild, retarget_to_opaque, subclass_nodes, subclass_type_of
+from ._nodes import hook_arg, raised_in_rebuild, retarget_to_opaque, subclass_nodes, subclass_type_of
 from ._translate import compile_error, grad_dtype_refusal
 from ._warm_start import cacheable as _cacheable
 from ._warm_start.behaviour import cross_process_key
@@ -20,10 +20,6 @@ from .config import Config
 from .errors import UnsupportedSubclassError
 
 __all__ = ["CompiledCAGraph"]
-
-
-_HOOKS_ARG = 3
-"""Position of ``hooks`` among a CA graph's arguments: (inputs, sizes, scalars, hooks, packed_data)."""
 
 
 def _dynamic(config: Config) -> bool | None:
@@ -134,7 +130,7 @@ class CompiledCAGraph:
         if self._first_run and self._compiled is None:  # before anything splits or compiles the graph
             # Note [Hooks run after every read of the tensor they are given]: args[0] is the graph's inputs list
             order_hooks_after_reads(self._graph_module, args[0] if args and isinstance(args[0], list) else None,
-                                    args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else ())
+                                    hook_arg(args))
             self._parameter_hooks_eagerly(args)
         # Note [FSDP2 under compiled autograd] in _fsdp2.py: detect FSDP2 hooks before the graph
         # runs, run the engine final callbacks eager hooks queue, check FSDP2 finished its backward.
@@ -226,7 +222,7 @@ class CompiledCAGraph:
         inputs = args[0] if args and isinstance(args[0], list) else None
         inductor = self._config.backend == "inductor"
         traceable = _compat.steps_compile_in()  # this torch can compile the steps in (feature-detected)
-        hooks = args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else []
+        hooks = hook_arg(args)
         points = hooks_to_run_eagerly(self._graph_module, inputs, hooks, steps_in_graph=inductor and traceable)
         if not points:
             return
@@ -252,7 +248,7 @@ class CompiledCAGraph:
             return False
         if not _compat.is_aliased_subclass_mutation(error):  # AOT refuses while compiling: nothing ran (others may have)
             return False
-        points = mutating_hook_calls(self._graph_module, args[_HOOKS_ARG] if len(args) > _HOOKS_ARG else ())
+        points = mutating_hook_calls(self._graph_module, hook_arg(args))
         if not points:
             return False
         cause = ("AOTAutograd cannot compile an in-place update of an input that another input of the graph aliases "

@@ -44,39 +44,31 @@ gradients or its own saved tensors and already runs where eager runs it.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
 from . import _compat
-from ._nodes import subclass_nodes
+from ._nodes import INPUTS_ARG, hook_object, subclass_nodes
 from .errors import HookOrderError
 
 __all__ = ["mutating_hook_calls", "hooks_to_run_eagerly", "order_hooks_after_reads"]
 
 _POST_ACCUMULATE_GRAD = "post_acc_grad_hook"
 """compiled autograd's ``hook_type`` of a post-accumulate-grad hook call."""
-_INPUTS_PLACEHOLDER = 0
-"""Position of ``inputs`` among the CA graph's placeholders: (inputs, sizes, scalars, hooks, packed)."""
 
 
-def _flat_nodes(value: object) -> Iterator[torch.fx.Node]:
-    if isinstance(value, torch.fx.Node):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _flat_nodes(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _flat_nodes(item)
+def _handed(hook: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes a hook call hands its hook (every argument node but ``hooks[i]``, the hook itself)."""
+    return [node for node in hook.all_input_nodes if node is not hook.args[0]]
 
 
 def _input_reads(graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
     """``inputs[i]`` nodes and their ``i``: tensors that live outside this backward (parameters, saved tensors)."""
     placeholders = [node for node in graph.nodes if node.op == "placeholder"]
-    if len(placeholders) <= _INPUTS_PLACEHOLDER:
+    if len(placeholders) <= INPUTS_ARG:
         return {}
-    inputs = placeholders[_INPUTS_PLACEHOLDER]
+    inputs = placeholders[INPUTS_ARG]
     return {
         user: user.args[1]
         for user in inputs.users
@@ -161,15 +153,6 @@ def _describe(hook: torch.fx.Node) -> str:
     return f"{kind}{slot} ({hook.name})"
 
 
-def _hook_object(hook: torch.fx.Node, hooks: Sequence[object]) -> object:
-    source = hook.args[0] if hook.args else None
-    if isinstance(source, torch.fx.Node) and source.target is operator.getitem and len(source.args) > 1:
-        index = source.args[1]
-        if isinstance(index, int) and index < len(hooks):
-            return hooks[index]
-    return None
-
-
 def mutating_hook_calls(graph_module: torch.fx.GraphModule, hooks: Sequence[object] = ()) -> list[torch.fx.Node]:
     """The hook calls handed a tensor from outside the backward (which they may update in place), in graph order.
 
@@ -179,8 +162,8 @@ def mutating_hook_calls(graph_module: torch.fx.GraphModule, hooks: Sequence[obje
     input_reads = _input_reads(graph_module.graph)
     return [
         hook for hook in _hook_calls(graph_module.graph)
-        if any(arg in input_reads for arg in _flat_nodes(hook.args[1:]))
-        and not _compat.is_reducer_hook(_hook_object(hook, hooks))
+        if any(arg in input_reads for arg in _handed(hook))
+        and not _compat.is_reducer_hook(hook_object(hook, hooks))
     ]
 
 
@@ -188,7 +171,7 @@ def _hands_a_subclass(hook: torch.fx.Node, reads: dict[torch.fx.Node, int], inpu
                       rebuilt: set[torch.fx.Node]) -> bool:
     """Whether the hook's parameter, or the gradient accumulated into it, is (or may be) a wrapper subclass."""
     accumulate = _compat.call_accumulate_grad()
-    for param in (arg for arg in _flat_nodes(hook.args[1:]) if arg in reads):
+    for param in (arg for arg in _handed(hook) if arg in reads):
         index = reads[param]
         if inputs is None or index >= len(inputs) or _compat.is_traceable_wrapper_subclass(inputs[index]):
             return True
@@ -244,7 +227,7 @@ def order_hooks_after_reads(graph_module: torch.fx.GraphModule, inputs: Sequence
     moves: list[tuple[torch.fx.Node, torch.fx.Node]] = []
     for hook in moved_hooks:
         anchor = hook
-        for tensor in (arg for arg in _flat_nodes(hook.args[1:]) if arg in input_reads):
+        for tensor in (arg for arg in _handed(hook) if arg in input_reads):
             readers = {
                 user for alias in _aliases(tensor, same_memory.get(tensor, set())) for user in alias.users if user is not hook and user not in hook_set
             }

@@ -7,8 +7,10 @@ recapture); a node carries ``recipe=<id>`` and its own inner tensors/symints onl
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 import threading
+from collections.abc import Sequence
 from types import CodeType
 from typing import Any, Protocol, cast
 
@@ -17,8 +19,36 @@ import torch
 from . import _compat
 from ._recipe import check_against, rebuild, recipe_by_id
 
-__all__ = ["graph_callable", "named_callables", "subclass_nodes", "subclass_type_of", "mode_of", "retarget_to_opaque",
+__all__ = ["INPUTS_ARG", "HOOKS_ARG", "hook_arg", "hook_object", "graph_callable", "named_callables", "subclass_nodes", "subclass_type_of", "mode_of", "retarget_to_opaque",
            "raised_in_rebuild", "MODE_PREFIX"]
+
+INPUTS_ARG = 0
+"""Position of ``inputs`` among a CA graph's arguments (and placeholders): (inputs, sizes, scalars, hooks, packed_data)."""
+HOOKS_ARG = 3
+"""Position of ``hooks`` among a CA graph's arguments (and placeholders)."""
+
+
+def hook_arg(args: Sequence[Any]) -> Any:
+    """The hook objects of a CA graph call's arguments (empty when the call has none)."""
+    return args[HOOKS_ARG] if len(args) > HOOKS_ARG else ()
+
+
+def hook_object(node: torch.fx.Node, hooks: Any, hooks_placeholder: torch.fx.Node | None = None) -> Any:
+    """The hook object a ``call_hook``/``call_backward`` node calls: ``hooks[i]`` of this run, or None.
+
+    ``hooks_placeholder``: when given, ``i`` must index that placeholder (the graph's ``hooks``).
+    """
+    source = node.args[0] if node.args else None
+    if (
+        isinstance(source, torch.fx.Node)
+        and source.op == "call_function"
+        and source.target is operator.getitem
+        and (hooks_placeholder is None or source.args[0] is hooks_placeholder)
+        and isinstance(source.args[1], int)
+        and source.args[1] < len(hooks)
+    ):
+        return hooks[source.args[1]]
+    return None
 
 
 class _GraphCallable(Protocol):

@@ -52,34 +52,18 @@ import torch
 from torch.fx.passes.split_module import split_module
 
 from . import _compat, _fsdp2, diagnostics
+from ._nodes import HOOKS_ARG, hook_object
 
 __all__ = ["split_points", "SplitGraph", "split_graph"]
 
-_HOOKS_PLACEHOLDER = 3
-"""Position of ``hooks`` among the CA graph's placeholders: (inputs, sizes, scalars, hooks, packed)."""
 _INPUT_READS = ("getitem", "unwrap_maybe_dynamic_int")
 """Names of the side-effect-free reads of graph inputs that move to their first user's piece."""
-
-
-def _hook_object(node: torch.fx.Node, hooks: Sequence[Any], hooks_placeholder: torch.fx.Node | None) -> Any:
-    """The hook object a ``call_hook``/``call_backward`` node calls: ``hooks[i]`` of this run, or None."""
-    source = node.args[0] if node.args else None
-    if (
-        isinstance(source, torch.fx.Node)
-        and source.op == "call_function"
-        and source.target is operator.getitem
-        and source.args[0] is hooks_placeholder
-        and isinstance(source.args[1], int)
-        and source.args[1] < len(hooks)
-    ):
-        return hooks[source.args[1]]
-    return None
 
 
 def split_points(graph_module: torch.fx.GraphModule, hooks: Sequence[Any]) -> list[torch.fx.Node]:
     """The nodes Dynamo must not trace (Note [Splitting the CA graph at FSDP2's hooks]), in graph order."""
     placeholders = [node for node in graph_module.graph.nodes if node.op == "placeholder"]
-    hooks_placeholder = placeholders[_HOOKS_PLACEHOLDER] if len(placeholders) > _HOOKS_PLACEHOLDER else None
+    hooks_placeholder = placeholders[HOOKS_ARG] if len(placeholders) > HOOKS_ARG else None
     hook_calls = _compat.hook_calls()
     points = []
     for node in graph_module.graph.nodes:
@@ -88,7 +72,7 @@ def split_points(graph_module: torch.fx.GraphModule, hooks: Sequence[Any]) -> li
         if _compat.is_dynamo_disabled(node.target):
             points.append(node)
         elif node.target in hook_calls:
-            hook = _hook_object(node, hooks, hooks_placeholder)
+            hook = hook_object(node, hooks, hooks_placeholder)
             if hook is not None and (_compat.is_dynamo_disabled(hook) or _fsdp2.hook_owners([hook])):
                 points.append(node)
     return points
