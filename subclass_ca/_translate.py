@@ -38,6 +38,7 @@ _NOT_GRAPH_BREAKS = ("Observed exception", "Failed to convert args/kwargs to pro
 
 def compile_error(error: BaseException, args: Any) -> SubclassCAError:
     """Our error for Dynamo's refusal to trace the CA graph (Note [Only real graph breaks become GraphBreakError])."""
+    _compat.release_tracer(error)  # the user holds this error: not the failed trace's tensors too
     ours = _own_error_in_chain(error)
     if ours is not None:  # one of our checks refused while Dynamo traced it: that is the cause
         return type(ours)(str(ours))

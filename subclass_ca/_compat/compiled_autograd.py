@@ -255,6 +255,7 @@ def capture_watch_swaps(on_abandoned: Callable[[], None]) -> list[AttributeSwap]
                     try:
                         return close()
                     finally:
+                        forget_real_tensors(self)
                         if self.__dict__.pop(_CAPTURING, False):
                             on_abandoned()
 
@@ -282,6 +283,30 @@ def capture_watch_swaps(on_abandoned: Callable[[], None]) -> list[AttributeSwap]
 
     locate = lambda: lookup(COMPILER_INSTANCE)  # noqa: E731
     return [AttributeSwap(locate, "begin_capture", make_begin), AttributeSwap(locate, "end_capture", make_end)]
+
+
+# Note [A capture lets go of the real tensors]
+# --------------------------------------------
+# A capture lifts every input of the backward (parameters among them) to a fake tensor, and the fake
+# mode's describer remembers each real tensor by a weak reference.  torch keeps the capture's compiler
+# instance alive as long as its CA graph is cached (the graph's runtime wrapper closes over it, for its id
+# and NaN checker), so those weak references outlive the capture.  A tensor subclass parameter with a weak
+# reference cannot be swapped (``torch.utils.swap_tensors``), and ``module.to()`` / ``.cpu()`` swap subclass
+# parameters: after one captured backward, Lightning's teardown (``model.cpu()``) and any ``model.to(dtype)``
+# failed with "Cannot swap t1 because it has weakref associated with it" (stock compiled autograd too;
+# ``torch.compile`` alone lets go).  Once the capture is closed nothing converts through that mode again, so
+# its real-tensor lookups are cleared then.
+
+
+def forget_real_tensors(instance: Any) -> None:
+    """Drop a closed capture's weak references to the real tensors it lifted (Note [A capture lets go of the
+    real tensors]).  A torch without the describer's lookups keeps them (nothing to clear)."""
+    converter = getattr(getattr(instance, "fake_tensor_mode", None), "fake_tensor_converter", None)
+    describer = getattr(getattr(converter, "meta_converter", None), "describer", None)
+    for lookup_name in ("lookup_tensor", "lookup_storage"):
+        remembered = getattr(describer, lookup_name, None)
+        if remembered is not None:
+            remembered.clear()
 
 
 def reset_compiled_autograd() -> None:

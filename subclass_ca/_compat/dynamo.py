@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,6 +25,7 @@ __all__ = [
     "is_traceable_wrapper_subclass_type",
     "is_compile_failure",
     "is_graph_break",
+    "release_tracer",
     "graph_break_type",
     "graph_break_counts",
     "dynamo_config_snapshot",
@@ -146,6 +148,29 @@ def is_compile_failure(error: BaseException) -> bool:
 def is_graph_break(error: BaseException) -> bool:
     """True for Dynamo's refusal to trace some code (what ``fullgraph=False`` would break the graph at)."""
     return isinstance(error, lookup("torch._dynamo.exc:Unsupported"))
+
+
+_TRACER_OUTPUT_ATTRIBUTE = "_torch_dynamo_tracer_output"
+"""Where Dynamo leaves the failed trace (its output graph: guards, fake tensors) on the exception it raises."""
+
+
+def release_tracer(error: BaseException) -> None:
+    """Let an error raised by Dynamo, and the errors it chains, go of the failed trace and its frames' locals.
+
+    The trace (and the finished frames of its traceback) hold the fake tensors and guards of the graph's inputs,
+    with weak references to the real ones (parameters among them), for as long as the user holds the error; a
+    subclass parameter with a weak reference cannot be swapped, so a trainer that moves the model while handling
+    the error (Lightning's teardown calls ``model.cpu()``) failed with "Cannot swap" instead.  The messages and
+    traceback lines stay; frames still running are skipped (``traceback.clear_frames``).
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if getattr(current, _TRACER_OUTPUT_ATTRIBUTE, None) is not None:
+            setattr(current, _TRACER_OUTPUT_ATTRIBUTE, None)
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 def graph_break_type(error: BaseException) -> str:
