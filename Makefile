@@ -4,6 +4,7 @@
 # Only the default lane takes the local CPU wheel; every other lane's pip ignores the machine's pip config (a torch
 # cap, where one is set) and the local wheel folder, so it gets exactly the public wheel it names.
 PYTHON ?= python3
+comma  := ,
 TORCH  ?= 2.13.0
 LANES  ?= 2.11.0 2.12.1 2.13.0 2.14.1 2.15.0
 ifeq ($(TORCH),2.13.0)
@@ -51,7 +52,7 @@ torch-setup-%:
 	@$(MAKE) --no-print-directory torch-setup TORCH=$*
 
 $(STAMP): pyproject.toml subclass_ca/_version.py $(TORCH_STAMP)
-	$(PIP) install -q -e '.[test,demo,torchao]'
+	$(PIP) install -q -e '.[test,demo,torchao$(if $(filter 2.13.0,$(TORCH)),$(comma)integrations)]'
 	@# installing subclass_ca must never replace the lane's torch (pyproject declares no torch requirement)
 	$(PY) -c "import sys, torch; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '$(TORCH)' else f'installing subclass_ca changed torch $(TORCH) -> {v}')"
 	touch $(STAMP)

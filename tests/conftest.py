@@ -147,6 +147,8 @@ LANE_INDEPENDENT: dict[str, str] = {
         "the same refusal as its 0777 twin's restart, which stays; another key's record is refused in process on every lane",
     "tests/testing/test_kit_torchao.py": "torchao's rows of the kit run on the default lane (issue 54); every lane's "
                                          "verdicts are docs/torchao.md (make torchao-matrix)",
+    "tests/integrations/": "the trainer adapters against their frameworks, installed on the default lane (the public "
+                           "API they call is tested on every lane)",
     "tests/distributed/": "long end-to-end TP/SP runs (DTensor and FSDP2 have direct multi-process tests that stay in)",
     "tests/test_distributed.py::test_w": "the process launcher's lifecycle",
     "tests/test_distributed.py::test_hanging": "the process launcher's lifecycle",

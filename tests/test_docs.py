@@ -48,6 +48,9 @@ LANGUAGES = {"python", "bash", "text"}
 COMPILE_ONLY: dict[tuple[str, str], str] = {
     ("docs/examples.md", "class LoRALinear"): "an excerpt of examples/qlora.py, run whole by tests/examples/",
     ("docs/examples.md", "forward = torch.compile(model"): "an excerpt of examples/qlora.py, run whole by tests/examples/",
+    ("docs/integrations.md", "import Trainer  # instead of"): "a trainer's line: tests/integrations/test_transformers.py",
+    ("docs/integrations.md", "accelerator.backward(loss)"): "a trainer's line: tests/integrations/test_transformers.py",
+    ("docs/integrations.md", "CompiledAutograd()"): "a trainer's line: tests/integrations/test_lightning.py",
 }
 #: (document, a string unique to the block): run as ``python <block>.py`` in a subprocess
 #: (the block spawns workers, which import its ``__main__`` module: runpy would not do).

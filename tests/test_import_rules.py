@@ -1,6 +1,7 @@
 """The architecture's import rules (docs/design.md), checked on the source.
 
-The runtime never imports the package's tooling (``testing``, ``__main__``, ``distributed``), nothing in the
+The runtime never imports the package's tooling (``testing``, ``__main__``, ``distributed``, ``integrations``), the
+trainer integrations use the public API only, nothing in the
 package imports the repository's tools (``tools/``, not packaged), and only ``_compat`` touches torch privates.
 """
 
@@ -14,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "subclass_ca"
 TOOLS = ROOT / "tools"
-TOOLING = ("testing", "__main__", "distributed")
+TOOLING = ("testing", "__main__", "distributed", "integrations")
 RUNTIME_MODULES = sorted(
     p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0].removesuffix(".py") not in TOOLING
 )
@@ -80,6 +81,18 @@ def test_only_the_compat_package_touches_torch_privates(path: Path):
         return
     uses = _private_torch_uses(path)
     assert not uses, f"{path.relative_to(PACKAGE)} reaches torch internals outside subclass_ca._compat: {uses}"
+
+
+INTEGRATIONS = sorted((PACKAGE / "integrations").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", INTEGRATIONS, ids=lambda p: p.name)
+def test_the_trainer_integrations_use_the_public_api_only(path: Path):
+    """They are what a user would write (docs/integrations.md): ``import subclass_ca`` and its public names."""
+    ours = sorted(n for n in _imported(path) if n.startswith("subclass_ca") and n != "subclass_ca"
+                  and not n.startswith("subclass_ca.integrations"))
+    assert not ours, f"integrations/{path.name} imports {ours}: use the public API (subclass_ca.enable, Config)"
+    assert "subclass_ca" in _imported(path) or path.name == "__init__.py"
 
 
 def test_compat_and_errors_import_nothing_of_ours_but_each_other():
