@@ -81,19 +81,21 @@ test-lanes:
 
 # The torchao extra allows 0.15 to 0.18 (0.15 is torchtune 0.6's; NF4Tensor moved in 0.18): the default lane tests
 # 0.18, this target the torchao tests on 0.15, in a venv of their own on the default lane's torch (the local CPU
-# wheel). CI runs it after the default lane's tests. numpy: the default lane has it (through the demo extra), and
+# wheel), with the trainers that need that torchao (torchtune; torchtitan beside it: the integrations-torchtune
+# extra) and their integration tests. CI runs it after the default lane's tests. numpy: the default lane has it (through the demo extra), and
 # inductor's CPU path needs it. In-process: the kit's torchao rows share one module-scoped run.
 TORCHAO015         ?= 0.15.0
 TORCHAO015_TORCH   ?= 2.13.0
 TORCHAO015_VENV    ?= .venv-torchao015
 TORCHAO015_PY      := $(TORCHAO015_VENV)/bin/python
 TORCHAO015_STAMP   := $(TORCHAO015_VENV)/.subclass_ca-installed
-TORCHAO015_TESTS   ?= tests/handlers/test_torchao.py tests/testing/test_kit_torchao.py
+TORCHAO015_TESTS   ?= tests/handlers/test_torchao.py tests/testing/test_kit_torchao.py \
+                      tests/integrations/test_torchtune.py tests/integrations/test_torchtitan.py
 $(TORCHAO015_STAMP): pyproject.toml subclass_ca/_version.py
 	test -x $(TORCHAO015_PY) || $(PYTHON) -m venv $(TORCHAO015_VENV)
 	PIP_NO_CACHE_DIR=1 $(TORCHAO015_PY) -m pip install -q --upgrade pip
 	PIP_NO_CACHE_DIR=1 $(TORCHAO015_PY) -m pip install -q torch==$(TORCHAO015_TORCH) torchao==$(TORCHAO015) numpy
-	PIP_NO_CACHE_DIR=1 $(TORCHAO015_PY) -m pip install -q -e '.[test,torchao]'
+	PIP_NO_CACHE_DIR=1 $(TORCHAO015_PY) -m pip install -q -e '.[test,torchao,integrations-torchtune]'
 	$(TORCHAO015_PY) -c "import sys, torch, importlib.metadata as m; t = torch.__version__.split('+')[0]; a = m.version('torchao'); \
 	  sys.exit(0 if (t, a) == ('$(TORCHAO015_TORCH)', '$(TORCHAO015)') else f'$(TORCHAO015_VENV): wanted torch $(TORCHAO015_TORCH), torchao $(TORCHAO015); got {t}, {a}')"
 	touch $(TORCHAO015_STAMP)

@@ -51,6 +51,8 @@ COMPILE_ONLY: dict[tuple[str, str], str] = {
     ("docs/integrations.md", "import Trainer  # instead of"): "a trainer's line: tests/integrations/test_transformers.py",
     ("docs/integrations.md", "accelerator.backward(loss)"): "a trainer's line: tests/integrations/test_transformers.py",
     ("docs/integrations.md", "CompiledAutograd()"): "a trainer's line: tests/integrations/test_lightning.py",
+    ("docs/integrations.md", "def my_config()"): "a trainer's line (torchtitan trains with CUDA and triton only): "
+                                                  "tests/integrations/test_torchtitan.py",
 }
 #: (document, a string unique to the block): run as ``python <block>.py`` in a subprocess
 #: (the block spawns workers, which import its ``__main__`` module: runpy would not do).
