@@ -215,6 +215,8 @@ def plan(out: Path, *, wheels: Path | None = None, site: Path | None = None, ext
     site = (site if site is not None else ROOT / DEFAULT_SITE).resolve()
     carried = wheel_files(wheels)
     torchao = importlib.util.find_spec("torchao") is not None or any(w.name.startswith("torchao-") for w in carried)
+    # torchtitan trains on CUDA only: its debug model, stock against subclass_ca's Trainer, where it is installed
+    torchtitan = importlib.util.find_spec("torchtitan") is not None
     tools = ("-m", "tools")
     steps: list[Step] = []
     if carried:
@@ -230,13 +232,15 @@ def plan(out: Path, *, wheels: Path | None = None, site: Path | None = None, ext
              argv=("-c", f"from tools.gpu.check import write_environment; write_environment({json.dumps(str(out / 'env.json'))})"),
              figures=lambda: _env_figures(out / "env.json")),
         Step(name="pytest-cuda", what="the CUDA tests without inductor (capture, accumulation, hooks, train step, "
-             "registry, NF4, DTensor world 1, memory, demo, optimizer-in-backward)", expect_s=50, timeout_s=120,
+             "registry, NF4, DTensor world 1, memory, demo, optimizer-in-backward; torchtitan's debug model where torchtitan "
+             "is installed)", expect_s=50, timeout_s=120,
              argv=_pytest("cuda and not inductor", out / "junit-cuda.xml"),
              expect_tests=("tests/test_capture.py", "tests/test_accumulate.py", "tests/test_registry.py",
                            "tests/regressions/test_beyond_stock_hook_intermediate.py",
                            "tests/regressions/test_compiled_train_step.py", "tests/handlers/test_dtensor.py",
                            "tests/test_optimizer_in_backward.py",
-                           *(("tests/handlers/test_torchao.py",) if torchao else ())),
+                           *(("tests/handlers/test_torchao.py",) if torchao else ()),
+                           *(("tests/integrations/test_torchtitan.py",) if torchtitan else ())),
              figures=lambda: _junit_figures(out / "junit-cuda.xml")),
         Step(name="pytest-cuda-inductor", what="the CUDA tests on inductor (capture, hooks, handler modes, optimizer-in-backward)",
              expect_s=70, timeout_s=150, argv=_pytest("cuda and inductor", out / "junit-cuda-inductor.xml"),
