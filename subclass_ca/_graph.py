@@ -79,7 +79,7 @@ class CompiledCAGraph:
         if self._compile_graph is not None:  # the compiler of a torch.compile-d train step (flag style)
             return self._compile_graph(self._graph_module)
         config = self._config
-        kwargs = _cacheable.compile_kwargs(self._graph_module, config.backend, config.compile_kwargs, config.cache)
+        kwargs = _cacheable.compile_kwargs(self._graph_module, config)
         backend, kwargs = _ddp.with_bucketing(config.backend, kwargs, self._ddp_bucket_mb)  # Note [Bucketing the Python reducer's all-reduces]
         if fullgraph:  # Note [Skipping Dynamo's trace of an unchanged CA graph]
             self._traced = compile_traced(self._graph_module, config, kwargs, self._behaviour, **_sizes(config))
@@ -99,7 +99,7 @@ class CompiledCAGraph:
         would be."""
         config = self._config
         piece = cast(torch.fx.GraphModule, forward.__self__)
-        kwargs = _cacheable.compile_kwargs(piece, config.backend, config.compile_kwargs, config.cache)
+        kwargs = _cacheable.compile_kwargs(piece, config)
         backend, kwargs = _ddp.with_bucketing(config.backend, kwargs, self._ddp_bucket_mb)
         return torch.compile(forward, backend=backend, fullgraph=fullgraph, dynamic=_dynamic(config), **kwargs)
 
@@ -260,9 +260,7 @@ class CompiledCAGraph:
     def _behaviour_key(self, args: tuple[Any, ...]) -> str | None:
         """The key under which this graph's compile may cross processes (Note [Keys by behaviour]); None: never cached."""
         config = self._config
-        if not config.cache:
-            return None
-        if config.backend != "inductor" or "mode" in config.compile_kwargs:
+        if not config.persistent_caches:
             return None  # no persistent cache serves this graph: nothing to key
         hook_calls = _compat.hook_calls()
         hooked = any(node.op == "call_function" and node.target in hook_calls for node in self._graph_module.graph.nodes)

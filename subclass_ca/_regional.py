@@ -74,13 +74,13 @@ from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch.fx.passes.split_module import split_module
 
 from . import _compat, diagnostics
+from ._cut import Cut, cut, is_input_index
 from .errors import RegionalCompileError
 
 __all__ = ["RegionalGraph", "regional_graph", "piece_identity", "prologues"]
@@ -100,15 +100,6 @@ def prologues(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     return [node for node in graph.nodes if node.op == "call_function" and _compat.is_aot_backward_prologue(node.target)]
 
 
-def _is_read(node: torch.fx.Node) -> bool:
-    return (
-        node.op == "call_function"
-        and node.target is operator.getitem
-        and isinstance(node.args[0], torch.fx.Node)
-        and node.args[0].op == "placeholder"
-    )
-
-
 def _is_prologue(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and _compat.is_aot_backward_prologue(node.target)
 
@@ -123,7 +114,7 @@ def _head_sinks(graph: torch.fx.Graph, second: torch.fx.Node) -> list[torch.fx.N
     for node in graph.nodes:
         if _is_prologue(node):
             break
-        if node.op in ("placeholder", "output") or _is_read(node):
+        if node.op in ("placeholder", "output") or is_input_index(node):
             continue
         if not node.users:
             sinks.append(node)
@@ -144,7 +135,7 @@ def _partitions(graph: torch.fx.Graph, sinks: list[torch.fx.Node] | None) -> dic
     for node in graph.nodes:
         if node.op in ("placeholder", "output") or node in piece:
             continue
-        if _is_read(node):
+        if is_input_index(node):
             piece[node] = _READS
             continue
         if _is_prologue(node):
@@ -260,11 +251,12 @@ class _Slot:
 class RegionalGraph:
     """A CA graph run as an eager top level calling its pieces, each distinct piece compiled once."""
 
-    def __init__(self, top: torch.fx.GraphModule, slots: Sequence[_Slot], compile_piece: Callable[..., Any],
+    def __init__(self, pieces: Cut, identities: dict[int, tuple[Any, ...]], compile_piece: Callable[..., Any],
                  report: diagnostics.CaptureReport) -> None:
-        self.top = top
-        self._forward = top.forward
-        self._slots = tuple(slots)
+        """Install every piece of ``pieces`` (detached, code generated) on its top level: the reads, the head and its
+        sinks eager, each region a slot that compiles its ``identities`` entry once (Note [Regional CA graphs])."""
+        self.top = pieces.top
+        self._forward = pieces.top.forward
         self._compile_piece = compile_piece
         self._report = report
         self._compiled: dict[tuple[Any, Any], Any] = {}
@@ -273,10 +265,22 @@ class RegionalGraph:
         self.ran_nothing = False
         """Whether the first run failed before anything with an effect ran (its inputs are restored)."""
         self._first = True
-        self.pieces = len(self._slots)
         self.mode = _RunMode()
         self._verified: tuple[Any, Any] | None = None
         """The call signature and global state the pieces last ran compiled with."""
+        slots = []
+        for number, module in pieces:
+            if number == _READS:
+                names = [node.name for node in module.graph.nodes if node.op == "placeholder"]
+                pieces.install(number, _reads_then_release(module.forward, names.index("inputs") if "inputs" in names else None))
+            elif number in (_HEAD, _SINKS):
+                pieces.install(number, module.forward)  # eager, as compile-only runs it (Note [Regional CA graphs], cut)
+            else:
+                slots.append(_Slot(self, module, number - _FIRST_REGION + 1, identities[number]))
+                pieces.install(number, slots[-1])
+        self._slots = tuple(slots)
+        self.pieces = len(slots)
+        report.regional_pieces = len(slots)
 
     @property
     def compiles(self) -> int:
@@ -374,29 +378,12 @@ def regional_graph(
     if sinks:
         graph_module.recompile()  # the whole graph stays runnable as is (recovery, regional=False) with its sinks moved
     piece = _partitions(graph, sinks)
-    with _compat.deferred_codegen():  # each module's code is generated once, below (split_module would do it twice)
-        top = split_module(graph_module, graph_module, lambda node: piece[node], keep_original_order=True)  # root_m: unused
-    modules = {int(name.rsplit("_", 1)[1]): (name, cast(torch.fx.GraphModule, module)) for name, module in top.named_children()}
-    identities = {number: piece_identity(module) for number, (_, module) in modules.items() if number >= _FIRST_REGION}
+    pieces = cut(graph_module, piece, deferred_codegen=True)
+    identities = {number: piece_identity(module) for number, module in pieces if number >= _FIRST_REGION}
     if len(set(identities.values())) == len(identities):
         return None  # nothing repeats: one graph compiles and fuses best
-    slots = []
-    for name, module in modules.values():
-        delattr(top, name)  # a plain attribute below: the top level's generated code calls self.<name>(...)
+    pieces.detach()
+    for _, module in pieces:
         _compat.generate_code(module)
-    _compat.generate_code(top)  # with no GraphModule children left, only its own code
-    regional = RegionalGraph(top, [], compile_piece, report)
-    for number, (name, module) in modules.items():
-        if number == _READS:
-            names = [node.name for node in module.graph.nodes if node.op == "placeholder"]
-            object.__setattr__(top, name, _reads_then_release(module.forward, names.index("inputs") if "inputs" in names else None))
-        elif number in (_HEAD, _SINKS):
-            object.__setattr__(top, name, module.forward)  # eager, as compile-only runs it (Note [Regional CA graphs], cut)
-        else:
-            slot = _Slot(regional, module, number - _FIRST_REGION + 1, identities[number])
-            slots.append(slot)
-            object.__setattr__(top, name, slot)
-    regional._slots = tuple(slots)
-    regional.pieces = len(slots)
-    report.regional_pieces = len(slots)
-    return regional
+    _compat.generate_code(pieces.top)  # with no GraphModule children left, only its own code
+    return RegionalGraph(pieces, identities, compile_piece, report)

@@ -46,18 +46,16 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
-from torch.fx.passes.split_module import split_module
 
 from . import _compat, _fsdp2, diagnostics
+from ._cut import cut, is_input_read
 from ._nodes import HOOKS_ARG, hook_object
 
 __all__ = ["split_points", "SplitGraph", "split_graph"]
 
-_INPUT_READS = ("getitem", "unwrap_maybe_dynamic_int")
-"""Names of the side-effect-free reads of graph inputs that move to their first user's piece."""
 
 
 def split_points(graph_module: torch.fx.GraphModule, hooks: Sequence[Any]) -> list[torch.fx.Node]:
@@ -78,14 +76,6 @@ def split_points(graph_module: torch.fx.GraphModule, hooks: Sequence[Any]) -> li
     return points
 
 
-def _is_input_read(node: torch.fx.Node, reads: set[torch.fx.Node]) -> bool:
-    return (
-        node.op == "call_function"
-        and getattr(node.target, "__name__", None) in _INPUT_READS
-        and all(arg.op == "placeholder" or arg in reads for arg in node.all_input_nodes)
-    )
-
-
 def _gather(graph: torch.fx.Graph, points: Sequence[torch.fx.Node]) -> None:
     """Move each read of a graph input to just before its first user, and each unpacking of a split
     point's result to just after it, so that graph order alone decides the pieces (pure reads only)."""
@@ -93,7 +83,7 @@ def _gather(graph: torch.fx.Graph, points: Sequence[torch.fx.Node]) -> None:
     reads: list[torch.fx.Node] = []
     seen: set[torch.fx.Node] = set()
     for node in graph.nodes:
-        if _is_input_read(node, seen):
+        if is_input_read(node, seen):
             seen.add(node)
             reads.append(node)
     for node in reversed(reads):  # a chain of reads follows its last link
@@ -121,7 +111,7 @@ def _partitions(graph: torch.fx.Graph, points: Sequence[torch.fx.Node]) -> tuple
     for node in graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        if _is_input_read(node, set(pending)):
+        if is_input_read(node, set(pending)):
             pending.append(node)
             continue
         if node in point_set:
@@ -217,14 +207,13 @@ def split_graph(
     _gather(graph_module.graph, points)
     graph_module.recompile()
     piece, eager = _partitions(graph_module.graph, points)
-    top = split_module(graph_module, graph_module, lambda node: piece[node], keep_original_order=True)  # root_m: unused by torch
-    pieces = []
-    for name, module in list(top.named_children()):
-        number = int(name.rsplit("_", 1)[1])
-        delattr(top, name)  # a plain attribute: the top level's generated code calls self.<name>(...)
+    pieces = cut(graph_module, piece)
+    pieces.detach()
+    compiled = []
+    for number, module in pieces:
         if number in eager:
-            object.__setattr__(top, name, module.forward)
+            pieces.install(number, module.forward)
             continue
-        pieces.append(_Piece(cast(torch.fx.GraphModule, module), name, compile_piece, report))
-        object.__setattr__(top, name, pieces[-1])
-    return SplitGraph(top, pieces, len(points))
+        compiled.append(_Piece(module, pieces.pieces[number][0], compile_piece, report))
+        pieces.install(number, compiled[-1])
+    return SplitGraph(pieces.top, compiled, len(points))

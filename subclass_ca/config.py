@@ -60,6 +60,13 @@ class Config:
     (Note [Regional CA graphs] in ``_regional.py``).  False compiles the whole graph as one (fusion across blocks,
     and a backward that fails to compile fails before any gradient)."""
 
+    @property
+    def persistent_caches(self) -> bool:
+        """Whether a CA graph compiled under these settings may cross processes: ``cache`` is on and torch's persistent
+        caches serve its compile, which they do for inductor without ``mode=`` (a mode's CUDA graphs or autotuning
+        are not kept).  The one place that rule lives (a ``backend=None`` config is resolved first: :func:`followed`)."""
+        return self.cache and self.backend == "inductor" and "mode" not in self.compile_kwargs
+
     def __post_init__(self) -> None:
         if not (self.backend is None or isinstance(self.backend, str) or callable(self.backend)):
             raise ValueError(f"Config.backend must be None, a backend name or a callable, got {self.backend!r}")

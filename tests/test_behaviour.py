@@ -166,10 +166,22 @@ def test_aot_keys_of_plain_graphs_stay_torchs_and_untraceable_ones_bypass_the_ca
 def test_cache_false_keeps_ca_graphs_out_of_torchs_caches(monkeypatch):
     graph = torch.fx.symbolic_trace(lambda x: x.sin())
     monkeypatch.setattr(cacheable, "cacheable_names", lambda gm: ["torch._dynamo.compiled_autograd.ops.validate_outputs"])
-    kept = cacheable.compile_kwargs(graph, "inductor", {}, False)
+    kept = cacheable.compile_kwargs(graph, Config(backend="inductor", cache=False))
     assert kept == {}
+    assert cacheable.compile_kwargs(graph, Config(backend="inductor", compile_kwargs={"mode": "max-autotune"})) == {
+        "mode": "max-autotune"}  # a mode: torch's persistent caches do not serve it
+    assert cacheable.compile_kwargs(graph, Config(backend="aot_eager")) == {}
     if _compat.marked_cacheable_supported() and _compat.aot_key_swap_supported():
-        assert _compat.MARKED_CACHEABLE_OPTION in cacheable.compile_kwargs(graph, "inductor", {}, True)["options"]
+        admitted = cacheable.compile_kwargs(graph, Config(backend="inductor", cache=True))
+        assert _compat.MARKED_CACHEABLE_OPTION in admitted["options"]
+
+
+def test_the_persistent_cache_rule_lives_on_the_config():
+    assert Config(backend="inductor").persistent_caches
+    assert not Config(backend="inductor", cache=False).persistent_caches
+    assert not Config(backend="inductor", compile_kwargs={"mode": "reduce-overhead"}).persistent_caches
+    assert not Config(backend="aot_eager").persistent_caches
+    assert not Config().persistent_caches  # backend=None: resolved per capture first (config.followed)
 
 
 def test_the_environment_turns_the_cache_off_by_default(monkeypatch):

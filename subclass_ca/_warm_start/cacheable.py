@@ -67,6 +67,7 @@ import torch
 
 from .. import _compat
 from .._recipe import all_recipes
+from ..config import Config
 from .behaviour import behaviour_keyed
 from .fingerprint import Unstable, describe, digest, package_digest
 
@@ -175,14 +176,16 @@ def cacheable_names(graph_module: torch.fx.GraphModule) -> list[str]:
     return sorted(names)
 
 
-def compile_kwargs(graph_module: torch.fx.GraphModule, backend: Any, kwargs: Mapping[str, Any], cache: bool) -> Mapping[str, Any]:
+def compile_kwargs(graph_module: torch.fx.GraphModule, config: Config) -> Mapping[str, Any]:
     """``torch.compile`` keywords for one CA graph (or split piece): the user's, plus our allowlist for inductor.
 
     The allowlist only admits the graph to AOTAutogradCache; its key is what the graph computes,
     appended by ``behaviour.aot_key_extension`` (Note [Keys by behaviour]), so a torch without
-    that hook admits nothing.  ``cache=False`` (``enable(cache=False)``) keeps the graph out, as stock does.
+    that hook admits nothing.  ``cache=False`` (``enable(cache=False)``) keeps the graph out, as stock does
+    (``Config.persistent_caches``).
     """
-    if not cache or backend != "inductor" or "mode" in kwargs or not _compat.marked_cacheable_supported():
+    kwargs = config.compile_kwargs
+    if not config.persistent_caches or not _compat.marked_cacheable_supported():
         return kwargs
     if not _compat.aot_key_swap_supported():
         return kwargs

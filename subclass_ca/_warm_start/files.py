@@ -210,16 +210,17 @@ def load_cache(
     only, and :func:`save_cache` never signs them again.
     """
     name = os.fspath(path)
-    key = _signing_key_argument("load_cache", signing_key, key)
-    if key is not None:
-        trust.resolve_key(key)  # a bad signing_key= is the caller's error, raised even with strict=False
+    given = _signing_key_argument("load_cache", signing_key, key)
+    # resolved once: a bad signing_key= is the caller's error, raised even with strict=False; the default key
+    # (environment, key file) is resolved only if the file's signature is checked
+    resolved = trust.resolve_key(given) if given is not None else None
     try:
         data = trust.read_regular_file(name, what=f"load_cache({name!r}): the cache file")
         if data is None:
             if missing_ok:
                 return None
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
-        header, payload, verified_with = _parse(name, data, key, trust_unsigned_code)
+        header, payload, verified_with = _parse(name, data, resolved, trust_unsigned_code)
         artifacts, records = payload[:header["artifact_bytes"]], _unpickled_records(name, payload[header["artifact_bytes"]:])
         if verified_with is None:
             _remember_unverified(artifacts)
@@ -257,15 +258,17 @@ def _unpickled_records(name: str, pickled: bytes) -> dict[str, bytes]:
     return records
 
 
-def _check_signature(name: str, data: bytes, key: bytes | str | None, trust_unsigned_code: bool) -> tuple[bytes, bytes | None]:
-    """What the signature covers, and the key it verified under (None: the check failed and was waived); raises otherwise."""
+def _check_signature(name: str, data: bytes, key: bytes | None, trust_unsigned_code: bool) -> tuple[bytes, bytes | None]:
+    """What the signature covers, and the key it verified under (None: the check failed and was waived); raises otherwise.
+
+    ``key``: the signing key the caller gave, resolved; None: the default one, resolved here when needed."""
     line, sep, signed = data[len(_MAGIC):].partition(b"\n")
     fields = line[len(_SIGNATURE):].split(b" ") if line.startswith(_SIGNATURE) else []
     if trust_unsigned_code:
         if len(fields) != 2 or not sep:
             return data[len(_MAGIC):], None
         try:
-            signing_key = trust.resolve_key(key)
+            signing_key = key if key is not None else trust.resolve_key()
         except trust.KeyUnavailable:
             return signed, None
         return signed, signing_key if hmac.compare_digest(line + b"\n", _signature_line(signing_key, signed)) else None
@@ -276,7 +279,7 @@ def _check_signature(name: str, data: bytes, key: bytes | str | None, trust_unsi
             f"load_cache({name!r}): the file is not signed (written by an older subclass_ca, or crafted). Its records "
             f"are code and this user did not write it: refused before anything in it was read. {opt_in}"
         )
-    signing_key = trust.resolve_key(key)
+    signing_key = key if key is not None else trust.resolve_key()
     if hmac.compare_digest(line + b"\n", _signature_line(signing_key, signed)):
         return signed, signing_key
     signer, mine = fields[0].decode("ascii", "replace"), trust.key_id(signing_key)
@@ -288,7 +291,7 @@ def _check_signature(name: str, data: bytes, key: bytes | str | None, trust_unsi
     raise CacheFileError(f"load_cache({name!r}): the signature does not match, refused before anything in it was read: {why} {opt_in}")
 
 
-def _parse(name: str, data: bytes, key: bytes | str | None, trust_unsigned_code: bool) -> tuple[dict[str, Any], bytes, bytes | None]:
+def _parse(name: str, data: bytes, key: bytes | None, trust_unsigned_code: bool) -> tuple[dict[str, Any], bytes, bytes | None]:
     """The header, the payload (artifacts + records) and the key the file verified under (None: the opt-in's)."""
     if not data.startswith(_MAGIC):
         raise CacheFileError(f"load_cache({name!r}): not a subclass_ca cache file (written by subclass_ca.save_cache).")

@@ -305,7 +305,7 @@ def compile_traced(
     ``kwargs``: the ``torch.compile`` keywords the graph would get; ``behaviour``: its behaviour key
     (None or this process's nonce: no record, Note [Keys by behaviour]); ``dynamic``: its ``dynamic=``.
     """
-    if config.backend != "inductor" or set(kwargs) - {"options"} or not _compat.precompile_supported():
+    if not config.persistent_caches or set(kwargs) - {"options"} or not _compat.precompile_supported():
         return None
     if behaviour is None or behaviour.startswith("process-local"):
         return None

@@ -247,12 +247,8 @@ def _newest_capture_index() -> int:
     return -1 if report is None else report.capture_index
 
 
-def _run_program(
-    scenario: Scenario, make: Factory, make_variant: Factory | None, make_plain: Factory | None,
-    device: torch.device, mode: str, backend: str,
-    backward_context: Callable[[str], Any] | None = None,
-    make_module: ModuleSwap | None = None, make_optimizer: OptimizerFactory | None = None,
-) -> Any:
+def _run_program(scenario: Scenario, spec: SubclassSpec, device: torch.device, mode: str, backend: str,
+                 backward_context: Callable[[str], Any] | None = None) -> Any:
     if mode == "eager":
         compile_fn: Callable[..., Any] = lambda fn: fn  # noqa: E731
 
@@ -267,44 +263,44 @@ def _run_program(
                 loss.backward(gradient)
 
     torch.manual_seed(0)  # both runs draw the same random numbers (stochastic rounding, dropout, optimizer noise)
-    ctx = ScenarioContext(make=make, make_variant=make_variant, make_plain=make_plain, device=device, compile=compile_fn,
-                          backward=backward, mode=mode, make_module=make_module, make_optimizer=make_optimizer)
+    ctx = ScenarioContext(make=spec.make_tensor, make_variant=spec.make_variant, make_plain=spec.make_plain, device=device,
+                          compile=compile_fn, backward=backward, mode=mode, make_module=spec.make_module,
+                          make_optimizer=spec.make_optimizer)
     return snapshot(scenario.program(ctx))
 
 
 def run_scenario(
     scenario: Scenario | str,
-    make_tensor: Factory,
+    spec: SubclassSpec | Factory,
     *,
     subclass: str,
     backend: str = "aot_eager",
     device: str = "cpu",
-    make_variant: Factory | None = None,
-    make_plain: Factory | None = None,
-    atol: float | None = None,
-    rtol: float | None = None,
-    known_failure: str | None = None,
     backward_context: Callable[[str], Any] | None = None,
     capture_count: Callable[[], int] | None = None,
-    make_module: ModuleSwap | None = None,
-    make_optimizer: OptimizerFactory | None = None,
 ) -> ScenarioResult:
-    """Run one scenario eagerly and under subclass_ca; never raises for a scenario failure.
+    """Run one scenario of ``spec`` (a :class:`SubclassSpec`, or a bare factory) eagerly and under subclass_ca;
+    never raises for a scenario failure.
 
-    ``known_failure`` (or the scenario's own) turns a failure into a skip whose reason
-    names the limitation and carries every problem found.  ``backward_context(backend)``
-    replaces ``subclass_ca.enable(backend)`` around the compiled run's backward (e.g. stock
-    compiled autograd, for a side-by-side support table).
+    The spec says everything about the subclass: its factories, tolerances, the scenarios that do not apply (a skip
+    with the reason, not run) and its known failures (a failure there is a skip whose reason names the limitation
+    and carries every problem found).  ``backward_context(backend)`` replaces ``subclass_ca.enable(backend)``
+    around the compiled run's backward (e.g. stock compiled autograd, for a side-by-side table), and
+    ``capture_count()`` counts its captures.
     """
     scenario = get_scenario(scenario) if isinstance(scenario, str) else scenario
+    spec = SubclassSpec.coerce(spec, name="run_scenario(spec)")
     started = time.perf_counter()
 
     def done(status: str, reason: str = "", **extra: Any) -> ScenarioResult:
         return ScenarioResult(subclass=subclass, scenario=scenario.name, backend=backend, device=device, status=status,
                               reason=reason, seconds=time.perf_counter() - started, **extra)
 
+    if scenario.name in spec.not_applicable:
+        return done("skip", NOT_APPLICABLE + spec.not_applicable[scenario.name])
     if device.startswith("cuda") and not torch.cuda.is_available():
         return done("skip", "CUDA is not available")
+    atol, rtol = spec.atol, spec.rtol
     if atol is None and rtol is None and backend == "aot_eager":
         atol = rtol = 0.0  # aot_eager runs the same aten ops as eager: bitwise
     elif (atol is None) != (rtol is None):
@@ -313,8 +309,7 @@ def run_scenario(
 
     subclass_ca.reset()
     try:
-        eager = _run_program(scenario, make_tensor, make_variant, make_plain, torch_device, "eager", backend,
-                             make_module=make_module, make_optimizer=make_optimizer)
+        eager = _run_program(scenario, spec, torch_device, "eager", backend)
     except ScenarioSkip as skip:
         return done("skip", str(skip))
     except ScenarioConfigError as error:
@@ -328,8 +323,7 @@ def run_scenario(
     before = _newest_capture_index()
     captures_before = capture_count() if capture_count is not None else 0
     try:
-        ca = _run_program(scenario, make_tensor, make_variant, make_plain, torch_device, "ca", backend, backward_context,
-                          make_module=make_module, make_optimizer=make_optimizer)
+        ca = _run_program(scenario, spec, torch_device, "ca", backend, backward_context)
         error_text = None
     except Exception as error:  # noqa: BLE001
         ca, error_text = None, _error_text(error)
@@ -362,7 +356,7 @@ def run_scenario(
     if not problems:
         return done("pass", max_abs_error=abs_err, max_rel_error=rel_err, **stats)
     reason = "\n".join(problems)
-    known_failure = known_failure or scenario.known_failure
+    known_failure = spec.known_failures.get(scenario.name) or scenario.known_failure
     if known_failure is not None:
         return done("skip", f"known failure ({known_failure}): {reason}", max_abs_error=abs_err,
                     max_rel_error=rel_err, **stats)
@@ -588,13 +582,10 @@ def check_subclass(
     ``progress`` is called with each result as it completes.
     """
     spec = SubclassSpec.coerce(make_tensor, name="check_subclass(make_tensor)")
-    make_variant = make_variant if make_variant is not None else spec.make_variant
-    make_plain = make_plain if make_plain is not None else spec.make_plain
-    known_failures = dict(spec.known_failures if known_failures is None else known_failures)
-    for scenario_name in known_failures:
-        get_scenario(scenario_name)
-    atol = atol if atol is not None else spec.atol
-    rtol = rtol if rtol is not None else spec.rtol
+    overrides: dict[str, Any] = dict(make_variant=make_variant, make_plain=make_plain, atol=atol, rtol=rtol,
+                                     known_failures=known_failures)
+    spec = dataclasses.replace(spec, **{field: value for field, value in overrides.items() if value is not None})
+    # (validated again: an unknown scenario name among known_failures raises here)
     chosen = list(iter_scenarios(scenarios if scenarios is not None else spec.scenarios))
     backends = _as_tuple(backends, "backends")
     devices = _as_tuple(devices, "devices")
@@ -603,16 +594,7 @@ def check_subclass(
     for backend in backends:
         for device in devices:
             for item in chosen:
-                if item.name in spec.not_applicable:
-                    result = ScenarioResult(subclass=name, scenario=item.name, backend=backend, device=device,
-                                            status="skip", reason=NOT_APPLICABLE + spec.not_applicable[item.name])
-                else:
-                    result = run_scenario(
-                        item, spec.make_tensor, subclass=name, backend=backend, device=device,
-                        make_variant=make_variant, make_plain=make_plain, atol=atol, rtol=rtol,
-                        known_failure=known_failures.get(item.name),
-                        make_module=spec.make_module, make_optimizer=spec.make_optimizer,
-                    )
+                result = run_scenario(item, spec, subclass=name, backend=backend, device=device)
                 report.results.append(result)
                 if progress is not None:
                     progress(result)
@@ -667,13 +649,9 @@ class SubclassCATestSuite:
                 f"{type(self).__name__}.check(): the suite has no make_tensor; set the class attribute "
                 "`make_tensor = staticmethod(lambda dense: MyTensor(...))` (dense tensor -> your subclass)"
             )
-        variant = type(self).make_variant
-        plain = type(self).make_plain
-        report = check_subclass(
-            factory, scenarios=[scenario], backends=[backend], devices=[device],
-            atol=self.atol, rtol=self.rtol, make_variant=variant, make_plain=plain,
-            known_failures=self.known_failures, name=type(self).__name__,
-        )
+        spec = SubclassSpec(make_tensor=factory, make_variant=type(self).make_variant, make_plain=type(self).make_plain,
+                            atol=self.atol, rtol=self.rtol, known_failures=dict(self.known_failures or {}))
+        report = check_subclass(spec, scenarios=[scenario], backends=[backend], devices=[device], name=type(self).__name__)
         result = report.results[0]
         if result.status == "skip":
             import pytest

@@ -21,6 +21,7 @@ that range (NF4Tensor moved in 0.18: :data:`NF4_MODULES`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -30,12 +31,12 @@ import torch
 from .scenarios import ScenarioSkip, scenario_names
 from .suite import SubclassSpec
 
-__all__ = ["TORCHAO_SPEC_NAMES", "torchao_specs", "unavailable_torchao_specs"]
+__all__ = ["ENTRIES", "TORCHAO_SPEC_NAMES", "TORCHAO_TYPE_NAMES", "TorchaoEntry", "torchao_specs", "unavailable_torchao_specs"]
 
-_FROZEN = "NF4Tensor is a frozen QLoRA base (torchao gives it no gradient and implements only the ops of a linear)"
+_FROZEN = "{type} is a frozen QLoRA base (torchao gives it no gradient and implements only the ops of a linear)"
 _MODULE_ONLY = "{type} is made by {maker} inside the layers it converts: it is certified through module_swap"
 _OPTIMIZER_ONLY = "{type} is an optimizer state: it never meets autograd, and is certified through optimizer_state"
-_TANGENT_GUESS = ("torch.compile alone (no compiled autograd) fails the same way: a WeightWithDynamicFloat8CastTensor "
+_TANGENT_GUESS = ("torch.compile alone (no compiled autograd) fails the same way: a {type} "
                   "gradient reaches an AOT backward that guessed a plain tangent, and torchao 0.18 does not implement "
                   "__coerce_same_metadata_as_tangent__ for it")
 _LINEAR_ONLY = "{type} implements F.linear, not the matmuls and elementwise ops of this scenario: certified through module_swap"
@@ -122,40 +123,77 @@ def _bitnet() -> Any:
     return bitnet_training()
 
 
-_SPECS: dict[str, tuple[str | tuple[str, ...], Callable[[], SubclassSpec]]] = {
-    "nf4": (tuple(f"{module}:NF4Tensor" for module in NF4_MODULES), lambda: SubclassSpec(
-        make_tensor=_nf4, not_applicable=_only(["frozen_weight"], _FROZEN))),
-    "float8_training": ("torchao.float8:convert_to_float8_training", lambda: SubclassSpec(
-        make_tensor=_not_a_tensor_factory("Float8TrainingTensor", "Float8Linear"), make_module=_float8,
-        not_applicable=_only(["module_swap"], _MODULE_ONLY.format(type="Float8TrainingTensor", maker="Float8Linear")))),
-    "float8_weight": ("torchao.float8.fsdp_utils:WeightWithDynamicFloat8CastTensor", lambda: SubclassSpec(
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TorchaoEntry:
+    """One torchao training subclass ``check`` certifies: its name in the table, the type it makes, and how."""
+
+    name: str
+    """The row name (``--subclass NAME``)."""
+    type_name: str
+    """The class torchao makes (its handler, where one is registered, covers it)."""
+    needs: tuple[str, ...]
+    """The torchao object the entry needs, as ``module:attribute``: every place it has lived in the supported
+    releases, any one of which will do."""
+    build: Callable[[str], SubclassSpec]
+    """type name -> the spec (called only when ``needs`` imports)."""
+
+
+def _frozen_base(type_name: str) -> SubclassSpec:
+    return SubclassSpec(make_tensor=_nf4, not_applicable=_only(["frozen_weight"], _FROZEN.format(type=type_name)))
+
+
+def _module_made(maker: str, convert: Callable[[torch.nn.Module], torch.nn.Module],
+                 reason: str = _MODULE_ONLY) -> Callable[[str], SubclassSpec]:
+    """A subclass torchao makes inside the layers ``convert`` swaps in: certified through module_swap alone."""
+    def build(type_name: str) -> SubclassSpec:
+        return SubclassSpec(make_tensor=_not_a_tensor_factory(type_name, maker), make_module=convert,
+                            not_applicable=_only(["module_swap"], reason.format(type=type_name, maker=maker)))
+    return build
+
+
+def _optimizer_state(optimizer: str) -> Callable[[str], SubclassSpec]:
+    def build(type_name: str) -> SubclassSpec:
+        return SubclassSpec(make_tensor=_not_a_tensor_factory(type_name, optimizer), make_optimizer=_optimizer(optimizer),
+                            not_applicable=_only(["optimizer_state"], _OPTIMIZER_ONLY.format(type=type_name)))
+    return build
+
+
+def _float8_weight_spec(type_name: str) -> SubclassSpec:
+    return SubclassSpec(
         make_tensor=_float8_weight, make_module=functools.partial(_float8, all_gather=True),
         known_failures=dict.fromkeys(
             ["gradient_type", "autograd_function", "hook", "hook_intermediate", "dynamic_batch", "warmup_recompiles"],
-            _TANGENT_GUESS),
-        not_applicable={"optimizer_state": "WeightWithDynamicFloat8CastTensor is a parameter, not an optimizer state",
-                        "metadata_change": "its flatten metadata (the float8 config) is fixed per model"})),
-    "int8_mixed_precision": ("torchao.prototype.quantized_training:Int8MixedPrecisionTrainingLinearWeight", lambda: SubclassSpec(
-        make_tensor=_not_a_tensor_factory("Int8MixedPrecisionTrainingLinearWeight", "quantize_"),
-        make_module=_quantized(_int8_mixed),
-        not_applicable=_only(["module_swap"], _LINEAR_ONLY.format(type="Int8MixedPrecisionTrainingLinearWeight")))),
-    "int8_quantized_training": ("torchao.prototype.quantized_training:Int8QuantizedTrainingLinearWeight", lambda: SubclassSpec(
-        make_tensor=_not_a_tensor_factory("Int8QuantizedTrainingLinearWeight", "quantize_"),
-        make_module=_quantized(_int8_quantized),
-        not_applicable=_only(["module_swap"], _LINEAR_ONLY.format(type="Int8QuantizedTrainingLinearWeight")))),
-    "bitnet": ("torchao.prototype.quantized_training:BitNetTrainingLinearWeight", lambda: SubclassSpec(
-        make_tensor=_not_a_tensor_factory("BitNetTrainingLinearWeight", "quantize_"), make_module=_quantized(_bitnet),
-        not_applicable=_only(["module_swap"], _LINEAR_ONLY.format(type="BitNetTrainingLinearWeight")))),
-    "optim_state_8bit": ("torchao.optim:AdamW8bit", lambda: SubclassSpec(
-        make_tensor=_not_a_tensor_factory("OptimState8bit", "AdamW8bit"), make_optimizer=_optimizer("AdamW8bit"),
-        not_applicable=_only(["optimizer_state"], _OPTIMIZER_ONLY.format(type="OptimState8bit")))),
-    "optim_state_4bit": ("torchao.optim:AdamW4bit", lambda: SubclassSpec(
-        make_tensor=_not_a_tensor_factory("OptimState4bit", "AdamW4bit"), make_optimizer=_optimizer("AdamW4bit"),
-        not_applicable=_only(["optimizer_state"], _OPTIMIZER_ONLY.format(type="OptimState4bit")))),
-}
-"""name -> (the torchao object it needs, as module:attribute, or a tuple of the places it has lived in the supported
-releases, any one of which will do; how its spec is built)."""
+            _TANGENT_GUESS.format(type=type_name)),
+        not_applicable={"optimizer_state": f"{type_name} is a parameter, not an optimizer state",
+                        "metadata_change": "its flatten metadata (the float8 config) is fixed per model"})
 
+
+_TRAINING = "torchao.prototype.quantized_training"
+ENTRIES: tuple[TorchaoEntry, ...] = (
+    TorchaoEntry(name="nf4", type_name="NF4Tensor", needs=tuple(f"{module}:NF4Tensor" for module in NF4_MODULES),
+                 build=_frozen_base),
+    TorchaoEntry(name="float8_training", type_name="Float8TrainingTensor", needs=("torchao.float8:convert_to_float8_training",),
+                 build=_module_made("Float8Linear", _float8)),
+    TorchaoEntry(name="float8_weight", type_name="WeightWithDynamicFloat8CastTensor",
+                 needs=("torchao.float8.fsdp_utils:WeightWithDynamicFloat8CastTensor",), build=_float8_weight_spec),
+    TorchaoEntry(name="int8_mixed_precision", type_name="Int8MixedPrecisionTrainingLinearWeight",
+                 needs=(f"{_TRAINING}:Int8MixedPrecisionTrainingLinearWeight",),
+                 build=_module_made("quantize_", _quantized(_int8_mixed), _LINEAR_ONLY)),
+    TorchaoEntry(name="int8_quantized_training", type_name="Int8QuantizedTrainingLinearWeight",
+                 needs=(f"{_TRAINING}:Int8QuantizedTrainingLinearWeight",),
+                 build=_module_made("quantize_", _quantized(_int8_quantized), _LINEAR_ONLY)),
+    TorchaoEntry(name="bitnet", type_name="BitNetTrainingLinearWeight", needs=(f"{_TRAINING}:BitNetTrainingLinearWeight",),
+                 build=_module_made("quantize_", _quantized(_bitnet), _LINEAR_ONLY)),
+    TorchaoEntry(name="optim_state_8bit", type_name="OptimState8bit", needs=("torchao.optim:AdamW8bit",),
+                 build=_optimizer_state("AdamW8bit")),
+    TorchaoEntry(name="optim_state_4bit", type_name="OptimState4bit", needs=("torchao.optim:AdamW4bit",),
+                 build=_optimizer_state("AdamW4bit")),
+)
+"""The one table of torchao's training subclasses: each entry names its type once."""
+
+_SPECS: dict[str, TorchaoEntry] = {entry.name: entry for entry in ENTRIES}
+TORCHAO_TYPE_NAMES: dict[str, str] = {entry.name: entry.type_name for entry in ENTRIES}
+"""Row name -> the class it certifies (``check`` counts a registered handler of that class as covered)."""
 TORCHAO_SPEC_NAMES: tuple[str, ...] = tuple(_SPECS)
 
 
@@ -195,8 +233,8 @@ def unavailable_torchao_specs() -> dict[str, str]:
     if version is None:
         return {name: "torchao is not installed (pip install 'subclass_ca[torchao]')" for name in _SPECS}
     reasons = {}
-    for name, (requirement, _) in _SPECS.items():
-        problem = _missing(requirement)
+    for name, entry in _SPECS.items():
+        problem = _missing(entry.needs)
         if problem is not None:
             reasons[name] = f"torchao {version}: {problem}"
     return reasons
@@ -205,4 +243,4 @@ def unavailable_torchao_specs() -> dict[str, str]:
 def torchao_specs() -> dict[str, SubclassSpec]:
     """The specs of every torchao training subclass this torchao provides (empty without torchao)."""
     unavailable = unavailable_torchao_specs()
-    return {name: build() for name, (_, build) in _SPECS.items() if name not in unavailable}
+    return {name: entry.build(entry.type_name) for name, entry in _SPECS.items() if name not in unavailable}

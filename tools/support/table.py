@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import platform
 import subprocess
@@ -122,7 +123,7 @@ def _row_compiled_train_step(flag: bool) -> Callable[[str], None]:
 
 def _optimizer_in_backward(mode: str | None) -> list[Any]:
     linear = _linear_with_two_tensor_weight()
-    optimizers = {p: torch.optim.SGD([p], lr=0.1) for p in linear.parameters()}
+    optimizers: dict[torch.Tensor, torch.optim.SGD] = {p: torch.optim.SGD([p], lr=0.1) for p in linear.parameters()}
 
     def hook(param: torch.Tensor) -> None:
         optimizers[param].step()
@@ -227,8 +228,7 @@ def _kit_rows() -> dict[str, Callable[[str], dict[str, str]]]:
 
             def run(mode: str, scenario: str = scenario, subclass: str = subclass, spec: Any = spec) -> dict[str, str]:
                 result = run_scenario(
-                    scenario, spec.make_tensor, subclass=subclass, backend=BACKEND, make_variant=spec.make_variant,
-                    make_plain=spec.make_plain, atol=spec.atol, rtol=spec.rtol,
+                    scenario, spec, subclass=subclass, backend=BACKEND,
                     backward_context=_stock if mode == "stock" else None,
                     capture_count=_stock_captures if mode == "stock" else None,
                 )
@@ -249,7 +249,7 @@ def _torchao_status() -> str:
 
 def _row_outcomes(name: str) -> dict[str, dict[str, str]]:
     row = EXTRA_ROWS[name]
-    return {mode: _outcome(lambda mode=mode: row(mode)) for mode in MODES}
+    return {mode: _outcome(functools.partial(row, mode)) for mode in MODES}
 
 
 def _isolated_row(name: str, *, timeout_s: float = 300.0) -> dict[str, dict[str, str]]:
@@ -272,14 +272,18 @@ def _isolated_row(name: str, *, timeout_s: float = 300.0) -> dict[str, dict[str,
     return {mode: {"status": "fail", "detail": f"row process exited {done.returncode} before reporting: {last}"} for mode in MODES}
 
 
+def _every_mode(run: Callable[[str], dict[str, str]]) -> dict[str, dict[str, str]]:
+    return {mode: run(mode) for mode in MODES}
+
+
 def lane_rows(*, quick: bool = False) -> dict[str, Callable[[], dict[str, dict[str, str]]]]:
     """Every row of one lane: name -> a function returning ``{mode: outcome}``."""
     rows: dict[str, Callable[[], dict[str, dict[str, str]]]] = {}
     for name in EXTRA_ROWS:
-        rows[name] = lambda name=name: _isolated_row(name)
+        rows[name] = functools.partial(_isolated_row, name)
     if not quick:
         for name, run in _kit_rows().items():
-            rows[name] = lambda run=run: {mode: run(mode) for mode in MODES}
+            rows[name] = functools.partial(_every_mode, run)
     return rows
 
 
