@@ -71,7 +71,8 @@ def accumulate_subclass_grad(
     if variable_grad is None and grad.stride() == variable.stride():
         variable.grad = grad.detach()
         return grad
-    return _stock_accumulate(variable, variable_grad, grad, has_post_hooks)
+    accumulated: torch.Tensor | None = _stock_accumulate(variable, variable_grad, grad, has_post_hooks)
+    return accumulated
 
 
 def assign_subclass_grad(variable: torch.Tensor, grad: torch.Tensor, has_post_hooks: bool) -> None:
@@ -84,7 +85,8 @@ def assign_subclass_grad(variable: torch.Tensor, grad: torch.Tensor, has_post_ho
     if variable.grad is None and grad.stride() == variable.stride():
         variable.grad = grad.detach()
         return None
-    return _stock_accumulate(variable, grad, has_post_hooks)
+    assigned: None = _stock_accumulate(variable, grad, has_post_hooks)  # torch's assigning shape returns None
+    return assigned
 
 
 def steal_subclass_accumulates(graph_module: torch.fx.GraphModule, *, recompile: bool = True) -> list[str]:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import copy
 import operator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -54,7 +54,7 @@ def _operation(target: Any) -> str:
     """The name of what a node calls, the same for a traced and a rebuilt graph."""
     packet = getattr(target, "overloadpacket", None)  # aten.mul.Tensor -> mul
     if packet is not None:
-        return packet.__name__
+        return cast(str, packet.__name__)
     if isinstance(target, str):
         return target.replace(".", "_")
     return getattr(target, "__name__", "node")

@@ -41,7 +41,8 @@ def unflatten_rebuild(cls: type) -> RebuildFn:
     """The protocol rebuild: ``cls.__tensor_unflatten__(inner, ctx, outer_size, outer_stride)``."""
 
     def rebuild(inner: dict[str, Any], ctx: Any, outer_size: Sequence[Any], outer_stride: Sequence[Any]) -> torch.Tensor:
-        return cls.__tensor_unflatten__(inner, ctx, outer_size, outer_stride)  # type: ignore[attr-defined]
+        rebuilt: torch.Tensor = cls.__tensor_unflatten__(inner, ctx, outer_size, outer_stride)  # type: ignore[attr-defined]
+        return rebuilt
 
     rebuild.__name__ = f"{cls.__name__}.__tensor_unflatten__"
     return rebuild

@@ -79,7 +79,7 @@ class CaptureReport:
     """0-based index of this capture within the process (subclass_ca captures only)."""
     aot_backwards: int = 0
     """AOT backward nodes pasted into the CA graph."""
-    subclass_nodes: Counter = field(default_factory=Counter)
+    subclass_nodes: Counter[tuple[str, str]] = field(default_factory=Counter)
     """make_subclass nodes keyed by (subclass type name, mode)."""
     fallbacks: list[str] = field(default_factory=list)
     """Subclasses that fell back to opaque mode (on_unsupported="eager"), with the reason."""
@@ -109,7 +109,7 @@ class CaptureReport:
     made while no reason hook was installed, e.g. the very first one of a process on old torch)."""
     miss_reasons_available: bool = True
     """False when reasons were not collected (not asked for, or this torch gives no hook)."""
-    forward_backends: Counter = field(default_factory=Counter)
+    forward_backends: Counter[str | None] = field(default_factory=Counter)
     """Which backend compiled the forward of each captured AOT backward (None: one we cannot name)."""
     backend: str | None = None
     """The backend the CA graph is compiled with (``enable(backend=...)``, or the one followed: Note [Defaults
@@ -190,7 +190,7 @@ def record_forward_backend(backend: str | None) -> None:
     _pending_events()["forwards"][backend] += 1
 
 
-def forward_backends() -> Counter:
+def forward_backends() -> Counter[str | None]:
     """The backends that compiled the forwards of the capture running in this thread (Note [Defaults follow the
     user] in ``config.py``); read by the compiler before it compiles the graph."""
     return Counter(_pending_events()["forwards"])

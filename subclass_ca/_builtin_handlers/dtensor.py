@@ -48,7 +48,8 @@ def _hashable(value: Any) -> Any:
 
 def rebuild_dtensor(inner: dict[str, Any], ctx: Any, outer_size: Any, outer_stride: Any) -> Any:
     """Rebuild with the captured mesh and placements through DTensor's own protocol."""
-    return DTensor.__tensor_unflatten__(inner, ctx, outer_size, outer_stride)
+    # torch leaves DTensor.__tensor_unflatten__ unannotated
+    return DTensor.__tensor_unflatten__(inner, ctx, outer_size, outer_stride)  # type: ignore[no-untyped-call]
 
 
 if DTensor is not None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, cast
 
 import torch
 
@@ -26,7 +27,7 @@ __all__ = [
 
 def call_accumulate_grad() -> Callable[..., Any]:
     """The function compiled autograd's AccumulateGrad nodes call (``external_utils.call_accumulate_grad``)."""
-    return lookup("torch._dynamo.external_utils:call_accumulate_grad")
+    return cast(Callable[..., Any], lookup("torch._dynamo.external_utils:call_accumulate_grad"))
 
 
 def grad_dtype_of(tensor: torch.Tensor) -> torch.dtype | None:
@@ -91,7 +92,10 @@ def capture_accumulate_swap(cast_to: Callable[[torch.Tensor, Any], torch.dtype |
     See Note [Gradient dtype at accumulation] in ``_accumulate.py`` and Note [Two shapes of
     AccumulateGrad under compiled autograd].
     """
-    disable = lambda: lookup("torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing")()  # noqa: E731
+
+    def disable() -> AbstractContextManager[object, None]:
+        modes_off: AbstractContextManager[object, None] = lookup("torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing")()
+        return modes_off
 
     def cast(compiler: Any, grad: Any, dtype: torch.dtype) -> Any:
         if not isinstance(grad, torch.Tensor) or grad.dtype == dtype:
@@ -114,7 +118,7 @@ def capture_accumulate_swap(cast_to: Callable[[torch.Tensor, Any], torch.dtype |
             allocate = compiler.allocate_dummy_like
 
             def allocate_dummy_like(x: torch.Tensor) -> torch.Tensor:
-                dummy = allocate(x)
+                dummy: torch.Tensor = allocate(x)
                 if x is not variable:
                     return dummy
                 with disable():
@@ -156,7 +160,7 @@ def accumulate_dummy_swap(fallback: Callable[[torch.Tensor], torch.Tensor | None
         @functools.wraps(original)
         def allocate_dummy_like(compiler: Any, x: torch.Tensor) -> torch.Tensor:
             try:
-                return original(compiler, x)
+                return cast(torch.Tensor, original(compiler, x))
             except Exception:
                 with lookup("torch.fx.experimental.proxy_tensor:disable_proxy_modes_tracing")():
                     dummy = fallback(x)

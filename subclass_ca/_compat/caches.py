@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -78,7 +78,7 @@ def cache_global_swap(key_of: Callable[[Any], str | None]) -> AttributeSwap:
         def _format_global_for_cache_key(name: str, obj: Any) -> str:
             key = key_of(obj)
             if key is None:
-                return format_global(name, obj)
+                return cast(str, format_global(name, obj))
             return f"# subclass_ca cacheable {name}: {key}"
 
         _format_global_for_cache_key.__subclass_ca_original__ = format_global  # type: ignore[attr-defined]

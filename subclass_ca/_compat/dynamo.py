@@ -7,7 +7,7 @@ import functools
 import importlib
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
@@ -105,11 +105,11 @@ def default_stance() -> bool:
 
 
 def allow_in_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return lookup("torch._dynamo:allow_in_graph")(fn)
+    return cast(Callable[..., Any], lookup("torch._dynamo:allow_in_graph")(fn))
 
 
 def dynamo_disable(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return lookup("torch._dynamo:disable")(fn)
+    return cast(Callable[..., Any], lookup("torch._dynamo:disable")(fn))
 
 
 def is_dynamo_disabled(fn: Any) -> bool:
@@ -198,7 +198,7 @@ def functorch_config_snapshot() -> dict[str, Any]:
 def two_tensor_type() -> type | None:
     """torch's reference TwoTensor (lives in torch.testing._internal), or None."""
     try:
-        return lookup("torch.testing._internal.two_tensor:TwoTensor")
+        return cast(type, lookup("torch.testing._internal.two_tensor:TwoTensor"))
     except (ImportError, AttributeError):
         return None
 

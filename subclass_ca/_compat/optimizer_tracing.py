@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -199,7 +200,10 @@ def _init_group_call(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def optimizer_tracing_swaps() -> list[Swap]:
     """The three replacements of Note [Optimizer steps compiled into the CA graph]."""
-    functions = lambda: importlib.import_module(_FUNCTIONS)  # noqa: E731 - located lazily, once
+
+    def functions() -> ModuleType:  # located lazily, once
+        return importlib.import_module(_FUNCTIONS)
+
     return [
         AttributeSwap(lambda: functions().SkipFunctionVariable, "call_function", _skip_call),
         AttributeSwap(lambda: functions().UserMethodVariable, "call_function", _method_call),

@@ -18,6 +18,7 @@ import torch
 
 from ._lookup import lookup
 from ._patch import BLOCKS, AttributeSwap, gated
+from .dynamo import dynamo_disable
 
 __all__ = [
     "PRECOMPILE_PARTS",
@@ -167,7 +168,7 @@ def install_frame(recorded: bytes, code: Any, frame_globals: dict[str, Any]) -> 
         frame_globals[alias] = importlib.import_module(module_name)
     for backend_id, data in frame["backends"].items():
         compiled = bundled.deserialize_compile_artifacts(data)
-        frame_globals[backend_id] = torch._dynamo.disable(_FlatInputs(compiled, boxed=False))
+        frame_globals[backend_id] = dynamo_disable(_FlatInputs(compiled, boxed=False))
     for guards_state, dynamo_code in frame["guarded_codes"]:
         manager = load_guard_manager(load_guards_state(guards_state), code, frame_globals)
         load_entry(code, manager, serialized_code.to_code_object(dynamo_code))

@@ -70,6 +70,7 @@ def _flatten_tensor(t: torch.Tensor, plain: list[torch.Tensor], classes: list[ty
 
 def _rebuild(structure: Any, plain: Sequence[torch.Tensor]) -> torch.Tensor:
     cls, ctx, size, stride, requires_grad, parts = structure
+    t: torch.Tensor
     if cls is torch.Tensor:
         t = plain[parts]
     else:

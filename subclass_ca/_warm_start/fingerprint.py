@@ -101,7 +101,8 @@ def describe(obj: Any, *, depth: int = 0, seen: frozenset[int] = frozenset()) ->
         fields = ", ".join(f"{f.name}={nested(getattr(obj, f.name))}" for f in dataclasses.fields(obj))
         return f"{type(obj).__module__}.{type(obj).__qualname__}({fields})"
     text = repr(obj)
-    if type(obj).__repr__ is object.__repr__ or _ADDRESS.search(text):
+    class_repr: object = type(obj).__repr__  # the class's own function (mypy types type[Any].__repr__ as type's bound method)
+    if class_repr is object.__repr__ or _ADDRESS.search(text):
         raise Unstable(f"a {type(obj).__qualname__} whose text names a memory address ({text[:80]})")
     return f"{type(obj).__module__}.{type(obj).__qualname__} {text}"
 

@@ -44,7 +44,9 @@ def one_rank_mesh() -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        # HashStore is public (documented in torch.distributed) but not re-exported explicitly for type checkers
+        store = dist.HashStore()  # type: ignore[attr-defined]
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     if dist.get_world_size() != 1:
         raise RuntimeError(f"one_rank_mesh needs a 1-rank process group, this one has {dist.get_world_size()} ranks")
     return init_device_mesh("cpu", (1,))
