@@ -109,6 +109,7 @@ def _model(name: str, device: str) -> tuple[nn.Module, int, int]:
         from subclass_ca import _compat
 
         two_tensor = _compat.two_tensor_type()
+        assert two_tensor is not None, "this torch has no TwoTensor"
         model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 16))
         for layer in model:
             if isinstance(layer, nn.Linear):

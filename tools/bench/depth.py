@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from tools import ROOT
 from tools.common.report import as_json as to_json
@@ -100,7 +100,9 @@ def block_class(model: str, dim: int) -> Any:
 
                 base = to_nf4(weight, block_size=32, scaler_block_size=8)
             else:
-                base = _compat.two_tensor_type()(weight.clone(), weight * 0.5)
+                two_tensor = _compat.two_tensor_type()
+                assert two_tensor is not None, "this torch has no TwoTensor"
+                base = two_tensor(weight.clone(), weight * 0.5)
             self.weight = nn.Parameter(base, requires_grad=False)
             self.lora_a = nn.Parameter(torch.randn(8, dim) * 0.1)
             self.lora_b = nn.Parameter(torch.randn(dim, 8) * 0.1)
@@ -150,7 +152,7 @@ def sample(settings: dict[str, Any]) -> dict[str, Any]:
         captured.append(time.perf_counter())
         return original_call(self, graph_module)
 
-    _compiler.CACompiler.__call__ = timed_call
+    cast(Any, _compiler.CACompiler).__call__ = timed_call  # patched for the rest of this sample's process
 
     def synchronize() -> None:
         if device.type == "cuda":
@@ -181,6 +183,7 @@ def sample(settings: dict[str, Any]) -> dict[str, Any]:
     reference(x).sin().sum().backward()
     with torch.no_grad():
         for p in [p for p in reference.parameters() if p.requires_grad]:
+            assert p.grad is not None  # the backward above reached every trainable parameter
             p.sub_(p.grad * 0.01)
     diff = max(float((p - r).abs().max()) for p, r in zip(trainable, [p for p in reference.parameters() if p.requires_grad]))
     for index in range(1, 4):

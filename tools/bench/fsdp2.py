@@ -34,7 +34,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -134,7 +134,14 @@ def _build_mode(name: str, run: parity.FSDP2Run, rank: int) -> _Mode:
     return _Mode(name=name, model=model, step=step)
 
 
-def timed_steps(mode: _Mode, steps: int, device: str) -> float:
+class _Steps(Protocol):
+    """What :func:`timed_steps` times: a mode's ``step()`` (this bench's ``_Mode``, the DDP bench's)."""
+
+    @property
+    def step(self) -> Callable[[], None]: ...
+
+
+def timed_steps(mode: _Steps, steps: int, device: str) -> float:
     """``steps`` steps of ``mode`` after a barrier; ms per step on this rank's clock."""
     import torch.distributed as dist
 

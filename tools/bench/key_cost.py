@@ -38,6 +38,7 @@ def _mlp(depth: int) -> tuple[Any, Any]:
     from subclass_ca import _compat
 
     two_tensor = _compat.two_tensor_type()
+    assert two_tensor is not None, "this torch has no TwoTensor"
     torch.manual_seed(0)
     weights = [torch.nn.Parameter(two_tensor(torch.randn(64, 64), torch.randn(64, 64))) for _ in range(depth)]
 

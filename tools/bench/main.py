@@ -45,7 +45,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -217,15 +217,24 @@ def mode_context(mode: str, backend: str | None, *, wrap_stock_graph: Callable[[
         return lambda: _compat.enable_compiled_autograd(compiler_fn)
     if mode in ("subclass_ca", "subclass_ca_strict", "subclass_ca_cudagraphs", "subclass_ca_dynamic"):
         # Note [Static-first CA graphs]: a fixed-shape step gets a static CA graph, which CUDA graphs can replay
-        extra = {"mode": "reduce-overhead"} if mode == "subclass_ca_cudagraphs" else {}
+        extra: dict[str, Any] = {"mode": "reduce-overhead"} if mode == "subclass_ca_cudagraphs" else {}
         ours = _api.enable(backend, strict=mode == "subclass_ca_strict", dynamic=True if mode == "subclass_ca_dynamic" else None,
                            **extra)
         return lambda: ours
     return contextlib.nullcontext
 
 
-def _make_step(workload: _bench_models.Workload, mode: str, backend: str | None, device: str) -> Callable[[], None]:
-    forward = workload.forward if mode == "eager" else torch.compile(workload.forward, backend=backend)
+class _Step(Protocol):
+    """One step of a configuration (``step()``); ``step.in_one_context(n)``: ``n`` steps inside one entered context."""
+
+    in_one_context: Callable[[int], None]
+
+    def __call__(self) -> None: ...
+
+
+def _make_step(workload: _bench_models.Workload, mode: str, backend: str | None, device: str) -> _Step:
+    # backend None: eager only
+    forward = workload.forward if mode == "eager" else torch.compile(workload.forward, backend=cast(str, backend))
     context = mode_context(mode, backend)
     params, inputs = workload.params, workload.inputs
 
@@ -245,8 +254,9 @@ def _make_step(workload: _bench_models.Workload, mode: str, backend: str | None,
                 forward(params, *inputs).backward()
                 _sync(device)
 
-    run_step.in_one_context = run_once  # type: ignore[attr-defined]
-    return run_step
+    step = cast(_Step, run_step)
+    step.in_one_context = run_once
+    return step
 
 
 def _configs(settings: BenchSettings) -> list[_Config]:
@@ -255,14 +265,14 @@ def _configs(settings: BenchSettings) -> list[_Config]:
         realistic = model in _bench_models.REALISTIC
         for size in settings.sizes_of(model):
             plan: list[tuple[str, str | None]] = [("eager", None)]
-            for backend in settings.backends:
-                plan += [("compile", backend), ("stock_ca", backend), ("subclass_ca", backend)]
-                if backend in settings.strict_backends and not realistic:
-                    plan.append(("subclass_ca_strict", backend))
-                if backend == "inductor" and settings.device.startswith("cuda"):
-                    plan.append(("subclass_ca_cudagraphs", backend))
-                if backend == "inductor" and realistic and settings.device == "cpu":  # the GPU check's budget: CPU only
-                    plan.append(("subclass_ca_dynamic", backend))
+            for b in settings.backends:
+                plan += [("compile", b), ("stock_ca", b), ("subclass_ca", b)]
+                if b in settings.strict_backends and not realistic:
+                    plan.append(("subclass_ca_strict", b))
+                if b == "inductor" and settings.device.startswith("cuda"):
+                    plan.append(("subclass_ca_cudagraphs", b))
+                if b == "inductor" and realistic and settings.device == "cpu":  # the GPU check's budget: CPU only
+                    plan.append(("subclass_ca_dynamic", b))
             for mode, backend in plan:
                 tag = f"{size}_{mode}_{backend or 'none'}"
                 workload = _bench_models.build(model, size, settings.device, tag=tag)
@@ -1009,27 +1019,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = json.load(f)
     else:
         results = run(settings)
+    # the sections' own entry points: each module imported on demand, as section(key) does
     if args.breakdown:  # tools/bench/breakdown.py: where a step's time goes, compile-only vs CA
-        results["breakdown"] = section("breakdown").bench(size=settings.realistic_sizes[0] if settings.realistic_sizes else "medium",
-                                                          device=settings.device)
+        from tools.bench import breakdown
+
+        results["breakdown"] = breakdown.bench(size=settings.realistic_sizes[0] if settings.realistic_sizes else "medium",
+                                               device=settings.device)
         results["breakdown"]["command"] = settings.command
     if args.fsdp2:  # tools/bench_fsdp2.py: micro MLP and transformer blocks vs eager FSDP2, checked
-        bench_fsdp2 = section("fsdp2")
+        from tools.bench import fsdp2 as bench_fsdp2
+
         fsdp2_settings = bench_fsdp2.FSDP2Bench(backends=settings.backends, device=settings.device)
         results["fsdp2"] = bench_fsdp2.bench(world_size=args.nproc, settings=fsdp2_settings)
     if args.depth:  # tools/bench/depth.py: cold start against depth, regional compiled autograd (fresh processes)
-        bench_depth = section("depth")
+        from tools.bench import depth as bench_depth
+
         results["depth"] = bench_depth.bench(bench_depth.DepthBench())
         if settings.plot and bench_depth.plot(results["depth"], os.path.join(settings.out_dir, "depth.png")):
             results["depth"]["chart"] = "depth.png"
     if args.ddp:  # tools/bench/ddp.py: DDP, eager vs compile-only vs subclass_ca, and the Python reducer's cost
-        bench_ddp = section("ddp")
+        from tools.bench import ddp as bench_ddp
+
         results["ddp"] = bench_ddp.bench(world_size=args.nproc, settings=bench_ddp.DDPBench(backends=settings.backends,
-                                                                                            device=settings.device))
+                                                                                          device=settings.device))
     if args.tp:  # tools/bench/tp.py: TP transformer block, every mode's gradients vs eager
-        results["tp"] = section("tp").bench(world_size=args.nproc, backends=settings.backends)
+        from tools.bench import tp as bench_tp
+
+        results["tp"] = bench_tp.bench(world_size=args.nproc, backends=settings.backends)
     if args.warm_start:  # tools/bench/warm_start.py: fresh processes, cold and warm caches
-        warm_start = section("warm_start")
+        from tools.bench import warm_start
+
         results["warm_start"] = warm_start.bench(warm_start.WarmStartBench(warm_reps=args.warm_reps))
         results["warm_start"]["command"] = settings.command
     for key in SECTIONS:

@@ -65,7 +65,7 @@ class Workload:
 
     model: str
     size: str
-    params: list[torch.Tensor]
+    params: list[torch.nn.Parameter]
     inputs: tuple[Any, ...]
     forward: Callable[..., torch.Tensor]
 
@@ -201,7 +201,9 @@ def _build_block(model: str, size: str, device: str, tag: str, seed: int) -> Wor
 
         two_tensor = two_tensor_type()
         if two_tensor is None:  # pragma: no cover - torch without its testing package
-            from subclass_ca.testing.subclasses import PairTensor as two_tensor
+            from subclass_ca.testing.subclasses import PairTensor
+
+            two_tensor = PairTensor
         # the activations are TwoTensors past the first projection, so the RMSNorm weights are TwoTensors too
         # (a plain weight would get a TwoTensor .grad)
         params = [torch.nn.Parameter(two_tensor(w.clone(), w * 0.5)) for w in norms + weights]
@@ -210,7 +212,7 @@ def _build_block(model: str, size: str, device: str, tag: str, seed: int) -> Wor
     if model == "block_int8_lora":
         from subclass_ca.testing.subclasses import Int8RowwiseTensor
 
-        bases = [Int8RowwiseTensor.quantize(w) for w in weights]
+        bases: list[torch.Tensor] = [Int8RowwiseTensor.quantize(w) for w in weights]
     else:  # block_nf4
         reason = unavailable(model)
         if reason:
@@ -255,7 +257,9 @@ def build(model: str, size: str, device: str, *, tag: str, seed: int = 0) -> Wor
 
         two_tensor = two_tensor_type()
         if two_tensor is None:  # pragma: no cover - torch without its testing package
-            from subclass_ca.testing.subclasses import PairTensor as two_tensor
+            from subclass_ca.testing.subclasses import PairTensor
+
+            two_tensor = PairTensor
         params = [torch.nn.Parameter(two_tensor(t.clone(), t * 0.5)) for t in dense]
         return Workload(model=model, size=size, params=params, inputs=(x,), forward=private_copy(_mlp_forward, tag))
     if model == "int8_lora":

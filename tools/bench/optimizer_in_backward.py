@@ -71,7 +71,9 @@ def build(model: str) -> torch.nn.Module:
         for _ in range(LAYERS):
             layers += [torch.nn.Linear(DIM, DIM), torch.nn.ReLU()]
         module = torch.nn.Sequential(*layers)
-    optimizers = {p: torch.optim.AdamW([p], lr=1e-3) for p in module.parameters() if p.requires_grad}
+    optimizers: dict[torch.Tensor, torch.optim.AdamW] = {
+        p: torch.optim.AdamW([p], lr=1e-3) for p in module.parameters() if p.requires_grad
+    }
 
     def step_in_backward(param: torch.Tensor) -> None:
         optimizers[param].step()

@@ -39,7 +39,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +50,9 @@ from tools.common.report import as_json as to_json
 from tools.common.report import command_of
 
 from .models import private_copy
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 __all__ = ["TPBench", "MODES", "TOLERANCE", "TARGETS", "build_block", "parallelize", "bench", "markdown_section",
            "format_summary", "to_json"]
@@ -106,9 +109,9 @@ def parallelize(block: Block, mesh: Any) -> Block:
     """Colwise q/k/v and w1/w3, rowwise wo and w2 (Megatron-style TP)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    plan = {name: ColwiseParallel() for name in ("attn.wq", "attn.wk", "attn.wv", "mlp.w1", "mlp.w3")}
+    plan: dict[str, ParallelStyle] = {name: ColwiseParallel() for name in ("attn.wq", "attn.wk", "attn.wv", "mlp.w1", "mlp.w3")}
     plan.update({"attn.wo": RowwiseParallel(), "mlp.w2": RowwiseParallel()})
-    return parallelize_module(block, mesh, plan)
+    return cast(Block, parallelize_module(block, mesh, plan))  # the module it was given, parallelized in place
 
 
 def batch_of(settings: TPBench) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,7 +162,8 @@ def _make_step(model: Block, mode: str, backend: str | None, x: torch.Tensor, y:
     # a private code object per configuration: Dynamo's cache is per code object, so no mode
     # is served a forward graph another mode compiled (each cold step compiles its own)
     step_loss = private_copy(step_loss, tag)
-    forward = step_loss if mode == "eager" else torch.compile(step_loss, backend=backend, fullgraph=True)
+    # backend None: eager only
+    forward = step_loss if mode == "eager" else torch.compile(step_loss, backend=cast(str, backend), fullgraph=True)
     context = _context(mode, backend)
     params = list(model.parameters())
 
@@ -177,7 +181,7 @@ def _grads(model: Block) -> dict[str, Any]:
     """This rank's gradient shards: type, placements, local values."""
     from torch.distributed.tensor import DTensor
 
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for name, p in model.named_parameters():
         g = p.grad
         if g is None:

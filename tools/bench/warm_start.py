@@ -405,8 +405,8 @@ def _verdicts(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         pair["warm_first_step_s"] <= 1.0, f"{pair['warm_first_step_s']:.2f} s")
 
     def against(mode: str, field: str, test: Any, fmt: str) -> dict[str, Any]:
-        pairs = [(r, by.get((r["model"], mode))) for r in ours]
-        pairs = [(r, o) for r, o in pairs if o and o.get(field) is not None and r.get(field) is not None]
+        candidates = [(r, by.get((r["model"], mode))) for r in ours]
+        pairs = [(r, o) for r, o in candidates if o and o.get(field) is not None and r.get(field) is not None]
         # a compile-only row that compiled nothing (Dynamo runs FSDP2-managed modules eagerly) is no reference
         skipped = [r["model"] for r, o in pairs if mode == "compile" and not _compiled_anything(o)]
         pairs = [(r, o) for r, o in pairs if r["model"] not in skipped]

@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import torch
 
@@ -513,7 +513,13 @@ def format_reports(results: dict[str, Any]) -> str:
 
 # --- DTensor on N processes ---------------------------------------------------------
 
-_DT_SHAPES = {"w1": (16, 8), "w2": (4, 16), "batch": 32}
+class _DTShapes(TypedDict):
+    w1: tuple[int, int]
+    w2: tuple[int, int]
+    batch: int
+
+
+_DT_SHAPES: _DTShapes = {"w1": (16, 8), "w2": (4, 16), "batch": 32}
 
 
 def _dtensor_init(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -536,19 +542,22 @@ def _dtensor_loss(w1: torch.Tensor, w2: torch.Tensor, x: torch.Tensor, y: torch.
 def _sgd(params: Sequence[torch.Tensor], lr: float) -> None:
     with torch.no_grad():
         for param in params:
+            assert param.grad is not None  # every parameter took part in the backward
             param.sub_(lr * param.grad)
             param.grad = None
 
 
 def dtensor_worker(rank: int, world_size: int, settings: dict[str, Any]) -> dict[str, Any]:
     """One rank: ``w1`` is ``Shard(0)``, ``w2`` ``Replicate()``; backward under ``subclass_ca.enable()``."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
     device = settings["device"]
     mesh = init_device_mesh(device, (world_size,))
     w1_full, w2_full = (t.to(device) for t in _dtensor_init(settings["seed"]))
-    w1 = torch.nn.Parameter(distribute_tensor(w1_full, mesh, [Shard(0)]))
-    w2 = torch.nn.Parameter(distribute_tensor(w2_full, mesh, [Replicate()]))
+    # a Parameter of a DTensor is a DTensor (torch keeps the subclass)
+    w1 = cast(DTensor, torch.nn.Parameter(distribute_tensor(w1_full, mesh, [Shard(0)])))
+    w2 = cast(DTensor, torch.nn.Parameter(distribute_tensor(w2_full, mesh, [Replicate()])))
     step_loss = torch.compile(_dtensor_loss, backend=settings["backend"])
     losses = []
     first_capture = diagnostics.capture_count()
@@ -561,12 +570,12 @@ def dtensor_worker(rank: int, world_size: int, settings: dict[str, Any]) -> dict
         if not isinstance(w1.grad, DTensor) or w1.grad.placements != w1.placements:
             raise RuntimeError(f"rank {rank}: w1.grad is {type(w1.grad).__name__}, expected a Shard(0) DTensor")
         _sgd((w1, w2), settings["lr"])
-        losses.append(float(loss.detach().full_tensor()))
+        losses.append(float(cast(DTensor, loss.detach()).full_tensor()))  # DTensor.detach() is typed as Tensor's
     kept = [r for r in subclass_ca.reports() if r.capture_index >= first_capture]
     return {
         "rank": rank,
-        "w1": w1.detach().full_tensor().cpu(),
-        "w2": w2.detach().full_tensor().cpu(),
+        "w1": cast(DTensor, w1.detach()).full_tensor().cpu(),
+        "w2": cast(DTensor, w2.detach()).full_tensor().cpu(),
         "local_w1_shape": list(w1.to_local().shape),
         "placements": [str(w1.placements), str(w2.placements)],
         "losses": losses,

@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -35,6 +35,9 @@ from torch import nn
 from subclass_ca import _compat
 from tools.common import report
 from tools.common.report import as_json as to_json
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 __all__ = [
     "MODES",
@@ -178,19 +181,21 @@ def _block_model(run: FSDP2Run) -> nn.Sequential:
 
     shape = run.block
     assert shape is not None
-    model = nn.Sequential(*(Block(shape.dim, shape.heads, shape.hidden) for _ in range(shape.blocks)))
-    for block in model:
+    blocks = [Block(shape.dim, shape.heads, shape.hidden) for _ in range(shape.blocks)]
+    model = nn.Sequential(*blocks)
+    for block in blocks:
         if run.params == "two_tensor":
             # past the first projection the activations are TwoTensors, so the RMSNorm weights are TwoTensors too
             # (a plain weight would get a TwoTensor .grad)
             two_tensor = _compat.two_tensor_type()
+            assert two_tensor is not None, "this torch has no TwoTensor"
             for module in block.modules():
                 for name, param in list(module.named_parameters(recurse=False)):
                     setattr(module, name, nn.Parameter(two_tensor(param.detach().clone(), param.detach() * 0.5)))
         elif run.params == "nf4_lora":
             for parent in (block.attn, block.mlp):
                 for name, child in list(parent.named_children()):
-                    setattr(parent, name, _NF4LoRALinear(child))
+                    setattr(parent, name, _NF4LoRALinear(cast(nn.Linear, child)))  # Attention's and SwiGLU's children are Linears
     return model
 
 
@@ -207,13 +212,15 @@ def build_model(run: FSDP2Run) -> nn.Sequential:
     for i, (d_in, d_out) in enumerate(zip(run.dims, run.dims[1:])):
         if i:
             layers.append(nn.ReLU())
-        layer: nn.Module = nn.Linear(d_in, d_out)
+        linear = nn.Linear(d_in, d_out)
+        layer: nn.Module = linear
         if run.params == "two_tensor":
             two_tensor = _compat.two_tensor_type()
+            assert two_tensor is not None, "this torch has no TwoTensor"
             for name, param in list(layer.named_parameters()):
                 setattr(layer, name, nn.Parameter(two_tensor(param.detach().clone(), param.detach() * 0.5)))
         elif run.params == "nf4_lora":
-            layer = _NF4LoRALinear(layer)
+            layer = _NF4LoRALinear(linear)
         layers.append(layer)
     return nn.Sequential(*layers).to(_device(run))
 
@@ -248,7 +255,7 @@ def micro_batch_rows(run: FSDP2Run) -> list[slice]:
 def shard(model: nn.Sequential, run: FSDP2Run) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = {}
+    policy: dict[str, Any] = {}
     if run.param_dtype is not None:
         policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, run.param_dtype), reduce_dtype=torch.float32)
     from tools.common.models import Block
@@ -297,7 +304,7 @@ def _gathered(t: Any) -> torch.Tensor:
     ``full_tensor()`` of a DTensor over TwoTensor shards was seen to differ between two runs whose
     local shards are bitwise equal (half the elements: one inner tensor), so those are compared per rank.
     """
-    local = t.to_local()
+    local: torch.Tensor = t.to_local()
     if type(local) is torch.Tensor or not _compat.is_traceable_wrapper_subclass(local):
         return t.full_tensor().clone()
     return plain_tensor(local)
@@ -343,7 +350,7 @@ def train_fsdp2(rank: int, world_size: int, *, mode: str = "subclass_ca", run: F
         for micro, rows in enumerate(micro_batch_rows(run)):
             last = micro == run.accumulate - 1
             if run.accumulate > 1:
-                model.set_requires_gradient_sync(last)  # accumulate locally, reduce-scatter on the last one
+                cast("FSDPModule", model).set_requires_gradient_sync(last)  # accumulate locally, reduce-scatter on the last one
             loss = _loss(forward, x[rows], y[rows])
             graphs_before, breaks_before = _compat.unique_graph_count(), sum(_compat.graph_break_counts().values())
             with backward_context(mode, run):
@@ -391,9 +398,10 @@ def dense_reference(run: FSDP2Run, world_size: int) -> dict[str, Any]:
     for step in range(run.steps):
         optimizer.zero_grad(set_to_none=True)
         batches = [rank_batch(run, rank, step) for rank in range(world_size)]
-        total = sum(_loss(model, x[rows], y[rows]) for x, y in batches for rows in micro_batch_rows(run))
+        total = cast(torch.Tensor, sum(_loss(model, x[rows], y[rows]) for x, y in batches for rows in micro_batch_rows(run)))
         (total / world_size).backward()
-        grads.append({n: _host(p.grad) for n, p in model.named_parameters()})
+        # only for run.params == "plain": every parameter is trainable and has a gradient
+        grads.append({n: _host(cast(torch.Tensor, p.grad)) for n, p in model.named_parameters()})
         optimizer.step()
     return {"params": {n: _host(p) for n, p in model.named_parameters()}, "grads": grads}
 
@@ -403,7 +411,7 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
 
-def _full_problems(label: str, got: dict[str, Any], want: dict[str, torch.Tensor], tolerance: dict[str, float]) -> list[str]:
+def _full_problems(label: str, got: dict[str, Any], want: dict[str, torch.Tensor], tolerance: dict[str, Any]) -> list[str]:
     problems = []
     for name, expected in want.items():
         entry = got.get(name, {"type": None})

@@ -205,7 +205,9 @@ def _outermost(spans: Sequence[Span]) -> list[Span]:
 def _cut(span: Span, holes: Iterable[Span]) -> list[Span]:
     """``span`` minus the ``holes`` on its thread (FSDP2 spans run inside an autograd node); short rests dropped."""
     pieces, start = [], span.start_us
-    for hole in sorted(h for h in holes if h.thread == span.thread and span.start_us <= h.start_us < span.end_us):
+    # in start order (a Span has no ordering of its own: sorting two or more of them raised TypeError)
+    inside = (h for h in holes if h.thread == span.thread and span.start_us <= h.start_us < span.end_us)
+    for hole in sorted(inside, key=lambda h: h.start_us):
         if hole.start_us > start:
             pieces.append((start, hole.start_us))
         start = max(start, hole.end_us)
@@ -446,6 +448,7 @@ def _ms(us: float) -> str:
 def _gpu_cell(rs: ReduceScatter) -> str:
     if rs.gpu_kernel_us is None:
         return "-"
+    assert rs.gpu_overlap_us is not None  # set together with gpu_kernel_us
     fraction = rs.gpu_overlap_us / rs.gpu_kernel_us if rs.gpu_kernel_us else 0.0
     return f"{_ms(rs.gpu_overlap_us)}/{_ms(rs.gpu_kernel_us)} ({fraction:.0%})"
 
