@@ -13,6 +13,7 @@ import pytest
 
 from subclass_ca import _compat
 from subclass_ca._warm_start import cacheable as _cacheable
+from subclass_ca._warm_start import fingerprint
 from tests.cache_worker import assert_matches_eager, copy_cache, run_step, shared_cold_run
 
 pytestmark = [
@@ -76,8 +77,8 @@ def test_an_object_without_a_stable_description_keys_by_this_process_only():
         pass
 
     key = _cacheable._stable("a test object", lambda: _cacheable.describe(Opaque()))
-    assert key.startswith("process-local ") and _cacheable._NONCE in key
-    assert "a test object" in _cacheable.uncacheable_reasons()
+    assert key.startswith("process-local ") and fingerprint.NONCE in key
+    assert "a test object" in fingerprint.uncacheable_reasons()
 
 
 def test_custom_cpp_functions_are_never_described():

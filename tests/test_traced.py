@@ -74,7 +74,7 @@ def test_only_inductor_graphs_compiled_whole_with_options_only_are_kept():
 
 def test_a_graph_without_a_behaviour_key_is_never_kept():
     """None (enable(cache=False)) or this process's nonce (Note [Keys by behaviour]): no record, none looked up."""
-    from subclass_ca._warm_start.behaviour import NONCE
+    from subclass_ca._warm_start.fingerprint import NONCE
 
     assert traced.compile_traced(_graph(), CONFIG, {}, None) is None
     assert traced.compile_traced(_graph(), CONFIG, {}, f"process-local {NONCE}") is None
@@ -116,7 +116,7 @@ def test_a_graph_that_calls_hooks_is_never_kept(monkeypatch):
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e)
     assert traced.stats == {"recorded": 0, "replayed": 0, "refused": 0}, traced.stats
-    assert "hooks" in subclass_ca._warm_start.behaviour.uncacheable_reasons().get("a CA graph", "")
+    assert "hooks" in subclass_ca._warm_start.fingerprint.uncacheable_reasons().get("a CA graph", "")
 
 
 @pytest.mark.inductor

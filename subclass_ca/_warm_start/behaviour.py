@@ -48,23 +48,19 @@ import functools
 import importlib.metadata
 import sys
 import threading
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from .. import _compat
-from .fingerprint import Unstable, describe, digest, package_digest
+from .fingerprint import Unstable, describe, digest, package_digest, process_local, tensor_contents
 
-__all__ = ["behaviour_key", "cross_process_key", "aot_key_extension", "behaviour_keyed", "remember_keyed", "NONCE", "uncacheable_reasons"]
+__all__ = ["behaviour_key", "cross_process_key", "aot_key_extension", "behaviour_keyed", "remember_keyed"]
 
-NONCE = uuid.uuid4().hex
-"""This process's nonce: a key that holds it is never found by another process."""
 
 _keyed: set[str] = set()
 _lock = threading.Lock()
-_reasons: dict[str, str] = {}
 
 
 @functools.cache
@@ -125,10 +121,7 @@ def _graph_lines(graph_module: torch.fx.GraphModule) -> list[str]:
             attr = getattr(graph_module, str(node.target))
             if not isinstance(attr, torch.Tensor):
                 raise Unstable(f"a graph attribute {node.target} of type {type(attr).__qualname__}")
-            if _compat.is_fake(attr):
-                raise Unstable(f"a fake constant {node.target} (its values are unknown at trace time)")
-            data = attr.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-            lines.append(f"{node.target}: {attr.dtype} {tuple(attr.shape)} {attr.stride()} {digest(data.hex())}")
+            lines.append(f"{node.target}: {tensor_contents(attr)}")
     return lines
 
 
@@ -158,8 +151,7 @@ def cross_process_key(what: str, fn: Callable[..., Any], args: Sequence[Any], *,
             return behaviour_key(fn, args)
         except Unstable as why:
             refuse = str(why)
-    _reasons[what] = refuse
-    return f"process-local {NONCE}"
+    return process_local(what, refuse)
 
 
 def aot_key_extension(module: Any, example_inputs: Sequence[Any], aot_config: Any) -> str | None:
@@ -178,7 +170,7 @@ def aot_key_extension(module: Any, example_inputs: Sequence[Any], aot_config: An
     try:
         key = behaviour_key(module, example_inputs)
     except Unstable as why:
-        _reasons[what] = str(why)
+        process_local(what, str(why))  # recorded: uncacheable_reasons() says why
         raise _compat.Uncacheable(f"{what} has no key by behaviour: {why}") from None
     return key
 
@@ -207,8 +199,3 @@ def behaviour_keyed(cache_key: str | None) -> bool:
     """Whether an AOTAutogradCache key is one :func:`aot_key_extension` extended in this process."""
     with _lock:
         return cache_key in _keyed
-
-
-def uncacheable_reasons() -> dict[str, str]:
-    """What got this process's nonce instead of a behaviour key in this process, and why."""
-    return dict(_reasons)

@@ -58,7 +58,6 @@ AOTAutogradCache and compiles as before.
 from __future__ import annotations
 
 import threading
-import uuid
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -69,16 +68,14 @@ from .. import _compat
 from .._recipe import all_recipes
 from ..config import Config
 from .behaviour import behaviour_keyed
-from .fingerprint import Unstable, describe, digest, package_digest
+from .fingerprint import Unstable, describe, digest, package_digest, process_local
 
 __all__ = [
-    "key_of", "compile_kwargs", "cacheable_names", "uncacheable_reasons", "cache_global_swap",
+    "key_of", "compile_kwargs", "cacheable_names", "cache_global_swap",
     "remember_forward", "complete_forward_entries",
 ]
 
-_NONCE = uuid.uuid4().hex
 _prologue_keys: dict[int, tuple[Any, str]] = {}
-_uncacheable: dict[str, str] = {}
 _forwards: weakref.WeakSet[Any] = weakref.WeakSet()
 _forwards_lock = threading.Lock()
 
@@ -94,8 +91,7 @@ def _stable(what: str, build: Any) -> str:
         reason = str(why)
     except Exception as error:  # noqa: BLE001  -- a description must never fail the compile it keys
         reason = f"describing it raised {type(error).__name__}: {error}"
-    _uncacheable[what] = reason
-    return f"process-local {_NONCE} ({what}: {reason})"
+    return process_local(what, reason)
 
 
 def _callable_key(target: Any) -> str:
@@ -226,8 +222,3 @@ def complete_forward_entries() -> int:
     for compile_backward in pending:
         compile_backward()
     return len(pending)
-
-
-def uncacheable_reasons() -> dict[str, str]:
-    """What had no stable description in this process (its entries miss in other processes), and why."""
-    return dict(_uncacheable)

@@ -4,7 +4,8 @@ A description is a string that is equal in two processes exactly when the descri
 behaves the same in both, as far as this module can tell (Note [Warm start through torch's
 caches] in ``cacheable.py``).  Whatever cannot be described that way (an object whose only
 text is ``<... at 0x7f...>``, a tensor's values) raises :class:`Unstable`; the caller then keys
-by a per-process nonce, so the entry can miss across processes but never hits stale.
+by this process's nonce (:func:`process_local`, the one place such keys are made and their reasons
+recorded), so the entry can miss across processes but never hits stale.
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ import functools
 import hashlib
 import os
 import re
+import threading
 import types
+import uuid
 from typing import Any
 
 import torch
 
 from .. import _compat
 
-__all__ = ["Unstable", "describe", "digest", "package_digest"]
+__all__ = ["NONCE", "Unstable", "describe", "digest", "package_digest", "process_local", "tensor_contents",
+           "uncacheable_reasons"]
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 _MAX_DEPTH = 12
@@ -35,6 +39,35 @@ class Unstable(Exception):
 def digest(*parts: str) -> str:
     """A short hex digest of the given descriptions."""
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()
+
+
+NONCE = uuid.uuid4().hex
+"""This process's nonce: a key that holds it is never found by another process."""
+_reasons: dict[str, str] = {}
+_reasons_lock = threading.Lock()
+
+
+def process_local(what: str, reason: str) -> str:
+    """The key of ``what``, which has no stable description (``reason``): found by this process only.  The one place
+    such keys are made; :func:`uncacheable_reasons` lists them."""
+    with _reasons_lock:
+        _reasons[what] = reason
+    return f"process-local {NONCE} ({what}: {reason})"
+
+
+def uncacheable_reasons() -> dict[str, str]:
+    """What had no stable description in this process (its entries miss in every other process), and why."""
+    with _reasons_lock:
+        return dict(_reasons)
+
+
+def tensor_contents(value: torch.Tensor) -> str:
+    """A plain tensor described by its metadata and the digest of its values (a graph constant); a fake tensor has no
+    values to describe (:class:`Unstable`)."""
+    if _compat.is_fake(value):
+        raise Unstable("a fake constant (its values are unknown at trace time)")
+    data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return f"{value.dtype} {tuple(value.shape)} {value.stride()} {digest(data.hex())}"
 
 
 @functools.cache

@@ -57,7 +57,7 @@ from ..config import Config, cache_key
 from ..errors import CacheFileError
 from . import trust
 from .cacheable import key_of
-from .fingerprint import Unstable, describe, digest, package_digest
+from .fingerprint import Unstable, describe, digest, package_digest, tensor_contents
 
 __all__ = ["Record", "TracedGraph", "compile_traced", "holds_records", "signable_records", "add_records", "write_records",
            "records_folder", "stats"]
@@ -114,8 +114,10 @@ def _global_line(name: str, value: Any) -> str | None:
 def _constant_line(name: str, value: Any) -> str | None:
     if not isinstance(value, torch.Tensor) or _compat.is_traceable_wrapper_subclass(value) or value.is_meta:
         return None
-    data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-    return f"{name}: {value.dtype} {tuple(value.shape)} {value.stride()} {digest(data.hex())}"
+    try:
+        return f"{name}: {tensor_contents(value)}"
+    except Unstable:
+        return None  # a fake constant: nothing to describe, so no record
 
 
 def _configs() -> str:

@@ -111,8 +111,8 @@ def main(settings: dict) -> dict:
     result["aot_hits"] = _compat.cache_counters()["aot_hit"]
     result["replayed"] = traced.stats["replayed"]
     result["recorded"] = traced.stats["recorded"]
-    from subclass_ca._warm_start import behaviour
-    result["no_key"] = behaviour.uncacheable_reasons()
+    from subclass_ca._warm_start import fingerprint
+    result["no_key"] = fingerprint.uncacheable_reasons()
     return result
 
 
