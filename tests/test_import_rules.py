@@ -216,12 +216,6 @@ def test_no_submodule_name_is_rebound_to_something_else():
         assert value is module, f"subclass_ca.{name} is {value!r}, not the module subclass_ca/{path.name}"
 
 
-def test_compat_names_its_sources_explicitly():
-    """``_compat/__init__.py`` imports each name from its submodule by name (no star facade)."""
-    source = (PACKAGE / "_compat" / "__init__.py").read_text()
-    assert "import *" not in source
-
-
 def _design_table() -> dict[str, set[str]]:
     """docs/design.md's module map: runtime module file -> the modules of ours it may import."""
     import re
@@ -251,3 +245,25 @@ def test_every_runtime_module_imports_only_what_the_design_table_allows():
         ours = {n.split(".")[1] for n in _imported(path) if n.startswith("subclass_ca.")} - {name}
         extra = ours - allowed[name]
         assert not extra, f"{relative} imports {sorted(extra)}, which docs/design.md's module map does not allow it"
+
+
+def _compat_attributes_used(path: Path) -> set[str]:
+    """``_compat.X`` in ``path`` (the facade's names the module uses)."""
+    tree = ast.parse(path.read_text())
+    return {node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "_compat"}
+
+
+def test_the_compat_facade_exports_every_name_the_package_uses_and_derives_its_list():
+    """``_compat.__all__`` is derived from the area modules' own lists (issue 63: three hand-kept lists had drifted):
+    every ``_compat.X`` the package uses is exported, and each area's list is part of it."""
+    from subclass_ca import _compat
+
+    used = set().union(*(_compat_attributes_used(p) for p in ALL_MODULES if p.parent.name != "_compat"))
+    assert used, "the check sees no use of _compat: it would pass vacuously"
+    assert not used - set(_compat.__all__), f"used through _compat but not exported: {sorted(used - set(_compat.__all__))}"
+    for area in ("accumulate", "aot_autograd", "caches", "compiled_autograd", "dynamo", "workarounds", "version"):
+        module = getattr(_compat, area, None) or __import__(f"subclass_ca._compat.{area}", fromlist=["__all__"])
+        assert set(module.__all__) <= set(_compat.__all__), area
+    source = (PACKAGE / "_compat" / "__init__.py").read_text()
+    assert "from .caches import *" in source and "__all__ += caches.__all__" in source

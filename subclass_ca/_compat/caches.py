@@ -16,6 +16,7 @@ from ._lookup import lookup
 from ._patch import AttributeSwap, gated
 
 __all__ = [
+    "GENERATED_DIAGNOSTIC_GLOBALS",
     "CACHE_PICKLER",
     "MARKED_CACHEABLE_OPTION",
     "CA_OPS_MODULE",

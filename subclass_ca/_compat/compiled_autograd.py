@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
 __all__ = [
+    "is_aot_backward_prologue",
     "CA_MODULE",
     "COMPILER_INSTANCE",
     "AOT_BACKWARD_PARAMS",
