@@ -93,8 +93,10 @@ def fresh_compile_state():
 # ``python -m pytest <its node id>`` whose exit status decides it.  It is for a test whose *torch*
 # crashes the process after the test's own assertions held (torch 2.11's stock compiled autograd
 # segfaults collecting the garbage of an optimizer-in-backward run, which took an xdist worker and
-# whichever test ran next with it).  The child ends with ``os._exit`` right after pytest reports,
-# without collecting that garbage: the crash is torch's, the verdict is the test's assertions.
+# whichever test ran next with it).  The child never collects that garbage: the cyclic garbage collector is off
+# in it from the start (a collection can also fall in the middle of the test: CI once saw the crash there, under
+# load), and it ends with ``os._exit`` right after pytest reports.  The crash is torch's, the verdict is the test's
+# assertions.
 _ISOLATED_CHILD = "SUBCLASS_CA_ISOLATED_CHILD"
 _ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,6 +112,13 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if done.returncode != 0 or " passed" not in done.stdout:
         pytest.fail(f"isolated run of {pyfuncitem.nodeid} (exit {done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}")
     return True
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if os.environ.get(_ISOLATED_CHILD):
+        import gc
+
+        gc.disable()  # Note [Isolated tests]: the child's garbage is never collected
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
