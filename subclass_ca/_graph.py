@@ -14,7 +14,7 @@ from ._hook_order import hooks_to_run_eagerly, mutating_hook_calls, order_hooks_
 from ._nodes import hook_arg, raised_in_rebuild, retarget_to_opaque, subclass_nodes, subclass_type_of
 from ._translate import compile_error, grad_dtype_refusal
 from ._warm_start import cacheable as _cacheable
-from ._warm_start.behaviour import cross_process_key
+from ._warm_start.keys import cross_process_key
 from ._warm_start.traced import TracedGraph, compile_traced
 from .config import Config
 from .errors import UnsupportedSubclassError

@@ -38,7 +38,7 @@ from ._hooks import trace_wrapped_swaps
 from ._optimizer_step import frame_swaps
 from ._translate import translated
 from ._warm_start import cacheable as _cacheable
-from ._warm_start.behaviour import aot_key_extension, remember_keyed
+from ._warm_start.keys import aot_key_extension, remember_keyed
 from .config import Config
 from .errors import SubclassCAError
 

@@ -52,7 +52,7 @@ class Config:
 
     cache: bool = field(default_factory=lambda: os.environ.get(CACHE_ENV, "1") != "0")
     """Let compiled CA graphs cross processes (torch's persistent caches, kept traces), each under the key of what
-    it computes (Note [Keys by behaviour] in ``_warm_start/behaviour.py``).  False keeps every CA graph out of
+    it computes (Note [Keys by behaviour] in ``_warm_start/keys.py``).  False keeps every CA graph out of
     them, as stock compiled autograd does (the default is False when the environment sets ``SUBCLASS_CA_CACHE=0``)."""
 
     regional: bool = True

@@ -26,9 +26,8 @@ from filelock import FileLock
 
 import subclass_ca
 from subclass_ca import _compat
-from subclass_ca._warm_start import cacheable as _cacheable
 from subclass_ca._warm_start import files as cache
-from subclass_ca._warm_start import traced
+from subclass_ca._warm_start import keys, traced
 from subclass_ca.testing.subclasses import PairTensor, TaggedTensor
 
 
@@ -56,7 +55,7 @@ def _step(settings: dict) -> dict:
     if settings.get("torch_version"):
         torch.__version__ = settings["torch_version"]  # type: ignore[misc]
     if settings.get("package"):
-        for module in (_cacheable, cache):  # every reader of our build's digest
+        for module in (keys, cache):  # every reader of our build's digest
             module.package_digest = lambda: settings["package"]  # type: ignore[attr-defined]
     if settings.get("handler") == "custom":
         subclass_ca.register_handler(PairTensor, rebuild=_custom_rebuild)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from subclass_ca import _compat
-from subclass_ca._warm_start import cacheable as _cacheable
 from subclass_ca._warm_start import fingerprint
+from subclass_ca._warm_start import keys as _keys
 from tests.cache_worker import assert_matches_eager, copy_cache, run_step, shared_cold_run
 
 pytestmark = [
@@ -76,7 +76,7 @@ def test_an_object_without_a_stable_description_keys_by_this_process_only():
     class Opaque:  # its only text is its address
         pass
 
-    key = _cacheable._stable("a test object", lambda: _cacheable.describe(Opaque()))
+    key = _keys._stable("a test object", lambda: _keys.describe(Opaque()))
     assert key.startswith("process-local ") and fingerprint.NONCE in key
     assert "a test object" in fingerprint.uncacheable_reasons()
 
@@ -88,7 +88,7 @@ def test_custom_cpp_functions_are_never_described():
         is_custom_function = True
 
     assert _compat.ca_op_name(Op()) == ("CppNodeMyFunction0", True)
-    assert _cacheable.key_of(Op()) is None
+    assert _keys.key_of(Op()) is None
 
 
 def test_damaged_entries_in_the_cache_folder_recompile_cleanly(warm_cache):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from subclass_ca._warm_start import cacheable as _cacheable
-from subclass_ca._warm_start import fingerprint
+from subclass_ca._warm_start import fingerprint, keys
 from subclass_ca._warm_start.fingerprint import Unstable, describe
 
 
@@ -49,7 +48,7 @@ def test_a_description_that_raises_keys_by_this_process_instead_of_failing_the_c
     def build():
         raise RecursionError("too deep")
 
-    key = _cacheable._stable("a failing description", build)
+    key = keys._stable("a failing description", build)
     assert key.startswith("process-local ") and "RecursionError" in fingerprint.uncacheable_reasons()["a failing description"]
 
 

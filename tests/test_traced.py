@@ -13,7 +13,7 @@ import torch
 
 import subclass_ca
 from subclass_ca import _compat
-from subclass_ca._warm_start import traced
+from subclass_ca._warm_start import keys, traced
 from subclass_ca.config import Config
 from subclass_ca.testing.subclasses import PairTensor
 
@@ -36,34 +36,34 @@ def _graph(*, scale: float = 2.0, constant: torch.Tensor | None = None, target=t
 
 
 def test_equal_graphs_have_one_key_and_any_change_is_another():
-    key = traced.graph_key(_graph(), CONFIG, BEHAVIOUR)
-    assert key is not None and key == traced.graph_key(_graph(), CONFIG, BEHAVIOUR)
-    assert traced.graph_key(_graph(scale=3.0), CONFIG, BEHAVIOUR) != key  # the code
-    assert traced.graph_key(_graph(), Config(backend="inductor", dynamic=False), BEHAVIOUR) != key  # the settings
-    assert traced.graph_key(_graph(target=torch.div), CONFIG, BEHAVIOUR) != key  # a global the code reads
-    assert traced.graph_key(_graph(), CONFIG, "another behaviour key") != key  # what the graph traces to
+    key = keys.graph_key(_graph(), CONFIG, BEHAVIOUR)
+    assert key is not None and key == keys.graph_key(_graph(), CONFIG, BEHAVIOUR)
+    assert keys.graph_key(_graph(scale=3.0), CONFIG, BEHAVIOUR) != key  # the code
+    assert keys.graph_key(_graph(), Config(backend="inductor", dynamic=False), BEHAVIOUR) != key  # the settings
+    assert keys.graph_key(_graph(target=torch.div), CONFIG, BEHAVIOUR) != key  # a global the code reads
+    assert keys.graph_key(_graph(), CONFIG, "another behaviour key") != key  # what the graph traces to
 
 
 def test_the_values_of_constants_are_part_of_the_key():
-    zeros = traced.graph_key(_graph(constant=torch.zeros(3)), CONFIG, BEHAVIOUR)
-    assert zeros == traced.graph_key(_graph(constant=torch.zeros(3)), CONFIG, BEHAVIOUR)
-    assert zeros != traced.graph_key(_graph(constant=torch.ones(3)), CONFIG, BEHAVIOUR)
-    assert traced.graph_key(_graph(constant=torch.zeros((), dtype=torch.bfloat16)), CONFIG, BEHAVIOUR) is not None
+    zeros = keys.graph_key(_graph(constant=torch.zeros(3)), CONFIG, BEHAVIOUR)
+    assert zeros == keys.graph_key(_graph(constant=torch.zeros(3)), CONFIG, BEHAVIOUR)
+    assert zeros != keys.graph_key(_graph(constant=torch.ones(3)), CONFIG, BEHAVIOUR)
+    assert keys.graph_key(_graph(constant=torch.zeros((), dtype=torch.bfloat16)), CONFIG, BEHAVIOUR) is not None
 
 
 def test_a_graph_reading_what_has_no_description_is_not_kept():
     def local_function(value, scale):  # known by its address only
         return value * scale
 
-    assert traced.graph_key(_graph(target=local_function), CONFIG, BEHAVIOUR) is None
-    assert traced.graph_key(_graph(constant=PairTensor(torch.zeros(2), torch.zeros(2))), CONFIG, BEHAVIOUR) is None
+    assert keys.graph_key(_graph(target=local_function), CONFIG, BEHAVIOUR) is None
+    assert keys.graph_key(_graph(constant=PairTensor(torch.zeros(2), torch.zeros(2))), CONFIG, BEHAVIOUR) is None
 
 
 def test_the_compile_configs_are_part_of_the_key():
-    key = traced.graph_key(_graph(), CONFIG, BEHAVIOUR)
+    key = keys.graph_key(_graph(), CONFIG, BEHAVIOUR)
     with torch._inductor.config.patch(max_fusion_size=torch._inductor.config.max_fusion_size + 1):
-        assert traced.graph_key(_graph(), CONFIG, BEHAVIOUR) != key
-    assert traced.graph_key(_graph(), CONFIG, BEHAVIOUR) == key
+        assert keys.graph_key(_graph(), CONFIG, BEHAVIOUR) != key
+    assert keys.graph_key(_graph(), CONFIG, BEHAVIOUR) == key
 
 
 def test_only_inductor_graphs_compiled_whole_with_options_only_are_kept():
@@ -83,14 +83,14 @@ def test_a_graph_without_a_behaviour_key_is_never_kept():
 def test_sets_in_the_configs_are_keyed_in_sorted_order(monkeypatch):
     """A set's order differs between processes (torch's Dynamo config holds one): the key sorts it."""
     monkeypatch.setattr(_compat, "portable_compile_configs", lambda: [{"k": {"b", "a", "c"}, "nested": {"x": {2, 1}}}])
-    first = traced._configs()
+    first = keys._configs()
     monkeypatch.setattr(_compat, "portable_compile_configs", lambda: [{"nested": {"x": {1, 2}}, "k": {"c", "a", "b"}}])
-    assert traced._configs() == first and "'a', 'b', 'c'" in first
+    assert keys._configs() == first and "'a', 'b', 'c'" in first
 
 
 def test_a_config_value_known_by_its_address_leaves_the_graph_unkept(monkeypatch):
     monkeypatch.setattr(_compat, "portable_compile_configs", lambda: [{"hook": object()}])
-    assert traced.graph_key(_graph(), CONFIG, BEHAVIOUR) is None
+    assert keys.graph_key(_graph(), CONFIG, BEHAVIOUR) is None
 
 
 @pytest.mark.inductor

@@ -111,7 +111,7 @@ def aot_key_swap(extension: Callable[[Any, Any, Any], str | None], keyed: Callab
 
     ``extension`` answers None where torch's key already describes the graph, and raises
     :class:`Uncacheable` where nothing can (torch then bypasses its cache for that compile, as
-    for any graph it cannot key); Note [Keys by behaviour] in ``subclass_ca/_warm_start/behaviour.py``.
+    for any graph it cannot key); Note [Keys by behaviour] in ``subclass_ca/_warm_start/keys.py``.
     Outside ``scope`` torch's key is unchanged.
     """
     module_name, _, attr = AOT_CACHE_KEY.partition(":")

@@ -1,6 +1,6 @@
 """Tracing a callable to the aten graph AOTAutograd would bake: fake inputs, wrapper subclasses desugared.
 
-Note [Keys by behaviour] in ``subclass_ca/_warm_start/behaviour.py`` says why; this module only traces.
+Note [Keys by behaviour] in ``subclass_ca/_warm_start/keys.py`` says why; this module only traces.
 """
 
 from __future__ import annotations

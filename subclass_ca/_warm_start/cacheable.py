@@ -65,93 +65,16 @@ from typing import Any
 import torch
 
 from .. import _compat
-from .._recipe import all_recipes
 from ..config import Config
-from .behaviour import behaviour_keyed
-from .fingerprint import Unstable, describe, digest, package_digest, process_local
+from .keys import behaviour_keyed, global_kind, key_of
 
 __all__ = [
     "key_of", "compile_kwargs", "cacheable_names", "cache_global_swap",
     "remember_forward", "complete_forward_entries",
 ]
 
-_prologue_keys: dict[int, tuple[Any, str]] = {}
 _forwards: weakref.WeakSet[Any] = weakref.WeakSet()
 _forwards_lock = threading.Lock()
-
-
-def _base() -> str:
-    return f"{package_digest()}; torch {torch.__version__}"
-
-
-def _stable(what: str, build: Any) -> str:
-    try:
-        return digest(_base(), build())
-    except Unstable as why:
-        reason = str(why)
-    except Exception as error:  # noqa: BLE001  -- a description must never fail the compile it keys
-        reason = f"describing it raised {type(error).__name__}: {error}"
-    return process_local(what, reason)
-
-
-def _callable_key(target: Any) -> str:
-    from ..registry import get_handler
-
-    cls = target._subclass_ca_type
-
-    def build() -> str:
-        recipes = [(i, r) for i, r in enumerate(all_recipes()) if _uses(r, cls)]
-        return "; ".join([
-            f"{target.__name__} mode={target._subclass_ca_mode}",
-            describe(get_handler(cls)),
-            *(f"recipe {i}: {_describe_recipe(r)}" for i, r in recipes),
-        ])
-
-    return _stable(f"{target.__name__} ({cls.__qualname__})", build)
-
-
-def _uses(recipe: Any, cls: type) -> bool:
-    return recipe.subclass_type is cls
-
-
-def _describe_recipe(recipe: Any) -> str:
-    parts = ", ".join(f"{attr}={_describe_recipe(p) if hasattr(p, 'parts') else describe(p)}" for attr, p in recipe.parts)
-    return (
-        f"{describe(recipe.handler)} ctx={describe(recipe.ctx)} parts=[{parts}] size={describe(recipe.outer_size)} "
-        f"stride={describe(recipe.outer_stride)} symints={recipe.symint_start}:{recipe.symint_end} args={recipe.arg_count} "
-        f"expected={describe(recipe.expected)}"
-    )
-
-
-def _prologue_key(prologue: Any) -> str:
-    found = _prologue_keys.get(id(prologue))
-    if found is not None and found[0] is prologue:
-        return found[1]
-    key = _stable("an AOT backward prologue", lambda: describe(_compat.prologue_inner(prologue)))
-    _prologue_keys[id(prologue)] = (prologue, key)  # the prologue is kept alive: its id is never reused
-    return key
-
-
-def _kind(obj: Any) -> str | None:
-    """Which of the kinds above ``obj`` is ("callable", "op", "prologue"), without building its key; None: none."""
-    if hasattr(obj, "_subclass_ca_type"):
-        return "callable"
-    op = _compat.ca_op_name(obj)
-    if op is not None:
-        return None if op[1] else "op"  # custom C++ functions are numbered per process
-    return "prologue" if _compat.is_stable_prologue(obj) else None
-
-
-def key_of(obj: Any) -> str | None:
-    """The key line for a CA graph global of the kinds above (Note [Warm start through torch's caches]); None: torch's own."""
-    kind = _kind(obj)
-    if kind == "callable":
-        return _callable_key(obj)
-    if kind == "op":
-        return digest(_base(), f"compiled autograd op {obj.__name__}")
-    if kind == "prologue":
-        return _prologue_key(obj)
-    return None
 
 
 def cache_global_swap() -> Any:
@@ -166,7 +89,7 @@ def cacheable_names(graph_module: torch.fx.GraphModule) -> list[str]:
         if node.op != "call_function":
             continue
         name = f"{getattr(node.target, '__module__', None)}.{getattr(node.target, '__name__', None)}"
-        if _kind(node.target) is not None:  # the keys themselves are built once, when torch pickles the graph
+        if global_kind(node.target) is not None:  # the keys themselves are built once, when torch pickles the graph
             names.add(name)
         names.update(f"{_compat.CA_OPS_MODULE}.{op}" for op in _compat.INLINED_CA_OPS.get(name, ()))
     return sorted(names)
@@ -176,7 +99,7 @@ def compile_kwargs(graph_module: torch.fx.GraphModule, config: Config) -> Mappin
     """``torch.compile`` keywords for one CA graph (or split piece): the user's, plus our allowlist for inductor.
 
     The allowlist only admits the graph to AOTAutogradCache; its key is what the graph computes,
-    appended by ``behaviour.aot_key_extension`` (Note [Keys by behaviour]), so a torch without
+    appended by ``keys.aot_key_extension`` (Note [Keys by behaviour]), so a torch without
     that hook admits nothing.  ``cache=False`` (``enable(cache=False)``) keeps the graph out, as stock does
     (``Config.persistent_caches``).
     """

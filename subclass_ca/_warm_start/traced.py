@@ -15,7 +15,7 @@ is the same in every process when the CA graph is: so we keep it, keyed as we ke
 * **The key** is what the graph does: our build and torch's, the Python version, the settings'
   cache key, the graph's generated code, a key line per global that code reads (modules and
   importable objects by name; compiled autograd's ops, AOT prologues and our rebuild callables
-  by ``cacheable.key_of``, which describes what they do), the values of its constants, and the
+  by ``keys.key_of``, which describes what they do), the values of its constants, and the
   Dynamo, AOTAutograd and inductor configs (``fingerprint.describe``: sets sorted, no addresses).
   Anything else (a global or config value we cannot describe) makes the graph unrecorded.  The canonical form of CA graphs (``_canonical.py``) makes the first
   restart's graph the cold run's.
@@ -45,19 +45,16 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import os
-import sys
 import threading
-import types
 from typing import Any
 
 import torch
 
 from .. import _compat, diagnostics
-from ..config import Config, cache_key
+from ..config import Config
 from ..errors import CacheFileError
 from . import trust
-from .cacheable import key_of
-from .fingerprint import Unstable, describe, digest, package_digest, tensor_contents
+from .keys import graph_key
 
 __all__ = ["Record", "TracedGraph", "compile_traced", "holds_records", "signable_records", "add_records", "write_records",
            "records_folder", "stats"]
@@ -88,70 +85,6 @@ class Record:
 
 
 _records: dict[str, Record] = {}
-
-
-def _global_line(name: str, value: Any) -> str | None:
-    if isinstance(value, types.ModuleType):
-        return f"{name}: module {value.__name__}"
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return f"{name}: {value!r}"
-    described = key_of(value)
-    if described is not None:
-        return f"{name}: {described}"
-    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-    if isinstance(module, str) and isinstance(qualname, str) and "<locals>" not in qualname:
-        try:
-            found: Any = sys.modules.get(module) or __import__(module, fromlist=["_"])
-            for part in qualname.split("."):
-                found = getattr(found, part)
-        except (ImportError, AttributeError):
-            return None
-        if found is value:
-            return f"{name}: {module}:{qualname}"
-    return None
-
-
-def _constant_line(name: str, value: Any) -> str | None:
-    if not isinstance(value, torch.Tensor) or _compat.is_traceable_wrapper_subclass(value) or value.is_meta:
-        return None
-    try:
-        return f"{name}: {tensor_contents(value)}"
-    except Unstable:
-        return None  # a fake constant: nothing to describe, so no record
-
-
-def _configs() -> str:
-    return "; ".join(describe(snapshot) for snapshot in _compat.portable_compile_configs())
-
-
-def graph_key(graph_module: torch.fx.GraphModule, config: Config, behaviour: str) -> str | None:
-    """The record key of a CA graph (Note [Skipping Dynamo's trace of an unchanged CA graph]); None: not describable.
-
-    ``behaviour``: what the graph computes on its first call's inputs (Note [Keys by behaviour]); the
-    rest of the key is what Dynamo's trace of the graph's code depends on.
-    """
-    forward = graph_module.forward
-    frame_globals = forward.__globals__
-    lines = [package_digest(), f"torch {torch.__version__}", f"python {sys.version_info[:3]}", repr(cache_key(config)),
-             behaviour, graph_module.code]
-    for name in sorted(set(forward.__code__.co_names) & frame_globals.keys()):
-        line = _global_line(name, frame_globals[name])
-        if line is None:
-            return None
-        lines.append(line)
-    for node in graph_module.graph.nodes:
-        if node.op == "get_attr":
-            line = _constant_line(str(node.target), getattr(graph_module, str(node.target), None))
-            if line is None:
-                return None
-            lines.append(line)
-        elif node.op == "call_module":
-            return None
-    try:
-        lines.append(_configs())
-    except Unstable:
-        return None
-    return digest(*lines)
 
 
 def _folders() -> tuple[str, str]:

@@ -30,7 +30,7 @@ from subclass_ca import _compat
 from tests.warm_start.knobs_package import TYPES, write_package
 
 WORKER = Path(__file__).with_name("stale_worker.py")
-# Each of the nine indirections changes the key in process (tests/test_behaviour.py); these restart chains show
+# Each of the nine indirections changes the key in process (tests/test_keys.py); these restart chains show
 # that every form and program uses that key.  On the default lane: every program, one indirection of each kind
 # of reach (another module's function, a closure's hidden object, dispatch, an upgraded package); on the other
 # lanes (Note [The lane suite] in tests/conftest.py) three of them in the two programs whose CA graphs

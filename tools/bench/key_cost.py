@@ -53,7 +53,7 @@ def _mlp(depth: int) -> tuple[Any, Any]:
 def _measure(depth: int, repeats: int) -> tuple[str, int, list[float], list[float], float]:
     """(graph, CA graph nodes, CA graph key µs, forward key µs, first backward µs) for a ``depth``-layer MLP."""
     from subclass_ca._runtime import capture_with
-    from subclass_ca._warm_start.behaviour import behaviour_key
+    from subclass_ca._warm_start.keys import behaviour_key
 
     loss, x = _mlp(depth)
     graphs: list[Any] = []

@@ -55,7 +55,7 @@ TARGETS = {
 # Where a first step goes beyond torch's compile timers: wall time spent in each of these calls, summed per phase
 # (forward, backward) of the worker; a probe that no longer exists in this torch or subclass_ca is reported missing.
 _PROBES = {
-    "key": ("subclass_ca._warm_start.behaviour", "behaviour_key"),  # a key by behaviour (Note [Keys by behaviour])
+    "key": ("subclass_ca._warm_start.keys", "behaviour_key"),  # a key by behaviour (Note [Keys by behaviour])
     "capture_begin": ("torch._dynamo.compiled_autograd", "AutogradCompilerInstance.begin_capture"),  # fake inputs
     "capture_paste": ("torch._dynamo.compiled_autograd", "AutogradCompilerInstance.proxy_call_aot_backward"),
     "capture_end": ("torch._dynamo.compiled_autograd", "AutogradCompilerInstance.end_capture"),

@@ -15,7 +15,7 @@ import torch
 
 import subclass_ca
 from subclass_ca import _compat
-from subclass_ca._warm_start import behaviour, cacheable, fingerprint
+from subclass_ca._warm_start import cacheable, fingerprint, keys
 from subclass_ca._warm_start.fingerprint import Unstable
 from subclass_ca.config import CACHE_ENV, Config
 from tests.warm_start.knobs_package import TYPES, write_package
@@ -36,13 +36,13 @@ def knobs(tmp_path_factory):
 
 
 def _forget_distributions() -> None:
-    behaviour._distributions.cache_clear()
-    behaviour._providers.cache_clear()
+    keys._distributions.cache_clear()
+    keys._providers.cache_clear()
 
 
 def _key(cls: type) -> str:
     weight = torch.nn.Parameter(cls(torch.ones(3, 3), torch.ones(3, 3)))
-    return behaviour.behaviour_key(lambda w, x: (x @ w).tanh().sum(), [weight, torch.ones(2, 3)])
+    return keys.behaviour_key(lambda w, x: (x @ w).tanh().sum(), [weight, torch.ones(2, 3)])
 
 
 def _change(knobs, name: str, monkeypatch) -> None:
@@ -106,9 +106,9 @@ def test_the_providers_of_a_package_are_those_of_importlibs_full_scan(knobs, tmp
         tops = sorted(top for top in full if top in sys.modules)
         assert {"knobs", "nsknobs", "torch", "pytest"} <= set(tops)
         for top in tops:
-            assert set(behaviour._providers(top)) == set(full[top]), top  # the full scan may name one twice
-        assert sorted(behaviour._providers("nsknobs")) == ["nsknobs_a", "nsknobs_b"]
-        assert behaviour._versions([knobs.types.FuncPair]) == ["knobs==1.0"]
+            assert set(keys._providers(top)) == set(full[top]), top  # the full scan may name one twice
+        assert sorted(keys._providers("nsknobs")) == ["nsknobs_a", "nsknobs_b"]
+        assert keys._versions([knobs.types.FuncPair]) == ["knobs==1.0"]
     finally:
         for name in [m for m in sys.modules if m == "nsknobs" or m.startswith("nsknobs.")]:
             del sys.modules[name]
@@ -127,13 +127,13 @@ def test_the_arguments_are_never_touched(knobs):
     def step(w, x):
         (x @ w).sum().backward()
 
-    behaviour.behaviour_key(step, inputs)
+    keys.behaviour_key(step, inputs)
     assert weight.grad is None and inputs[0] is weight
 
 
 def test_symbolic_inputs_have_no_key():
     with pytest.raises(Unstable, match="symbolic"):
-        behaviour.behaviour_key(lambda n: torch.ones(n), [_symint()])
+        keys.behaviour_key(lambda n: torch.ones(n), [_symint()])
 
 
 def _symint():
@@ -145,22 +145,22 @@ def test_a_graph_that_cannot_be_traced_has_no_key_and_the_reason_is_kept():
     def untraceable(x):
         raise RuntimeError("not today")
 
-    key = behaviour.cross_process_key("an untraceable graph", untraceable, [torch.ones(2)])
+    key = keys.cross_process_key("an untraceable graph", untraceable, [torch.ones(2)])
     assert key.startswith(f"process-local {fingerprint.NONCE} ")
     assert "not today" in fingerprint.uncacheable_reasons()["an untraceable graph"]
 
 
 def test_aot_keys_of_plain_graphs_stay_torchs_and_untraceable_ones_bypass_the_cache(knobs):
     plain = torch.fx.symbolic_trace(lambda x: x.sin())
-    assert behaviour.aot_key_extension(plain, [torch.ones(2)], None) is None
+    assert keys.aot_key_extension(plain, [torch.ones(2)], None) is None
 
     weight = knobs.types.FuncPair(torch.ones(2), torch.ones(2))
-    assert behaviour.aot_key_extension(plain, [weight], None) is not None  # a subclass input: keyed by behaviour
+    assert keys.aot_key_extension(plain, [weight], None) is not None  # a subclass input: keyed by behaviour
 
     broken = torch.fx.symbolic_trace(lambda x: x.sin())
     broken.forward = lambda x: (_ for _ in ()).throw(RuntimeError("no trace"))
     with pytest.raises(_compat.Uncacheable, match="no trace"):
-        behaviour.aot_key_extension(broken, [weight], None)
+        keys.aot_key_extension(broken, [weight], None)
 
 
 def test_cache_false_keeps_ca_graphs_out_of_torchs_caches(monkeypatch):

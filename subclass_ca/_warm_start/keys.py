@@ -1,4 +1,5 @@
-"""The one rule for reuse across processes: a key describes what a graph computes, by tracing it.
+"""Every key the warm start builds, in one module: a graph's by behaviour (the one rule for reuse across processes: a
+key describes what a graph computes, by tracing it), a CA graph global's key line, a kept trace's record key.
 
 Note [Keys by behaviour]
 ------------------------
@@ -48,15 +49,19 @@ import functools
 import importlib.metadata
 import sys
 import threading
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from .. import _compat
+from .._recipe import all_recipes
+from ..config import Config, cache_key
 from .fingerprint import Unstable, describe, digest, package_digest, process_local, tensor_contents
 
-__all__ = ["behaviour_key", "cross_process_key", "aot_key_extension", "behaviour_keyed", "remember_keyed"]
+__all__ = ["behaviour_key", "cross_process_key", "aot_key_extension", "behaviour_keyed", "remember_keyed", "key_of",
+           "global_kind", "graph_key"]
 
 
 _keyed: set[str] = set()
@@ -199,3 +204,152 @@ def behaviour_keyed(cache_key: str | None) -> bool:
     """Whether an AOTAutogradCache key is one :func:`aot_key_extension` extended in this process."""
     with _lock:
         return cache_key in _keyed
+
+
+# --- key lines of CA graph globals (Note [Warm start through torch's caches] in cacheable.py) ----------------------
+
+
+_prologue_keys: dict[int, tuple[Any, str]] = {}
+
+
+def _base() -> str:
+    return f"{package_digest()}; torch {torch.__version__}"
+
+
+def _stable(what: str, build: Any) -> str:
+    try:
+        return digest(_base(), build())
+    except Unstable as why:
+        reason = str(why)
+    except Exception as error:  # noqa: BLE001  -- a description must never fail the compile it keys
+        reason = f"describing it raised {type(error).__name__}: {error}"
+    return process_local(what, reason)
+
+
+def _callable_key(target: Any) -> str:
+    from ..registry import get_handler
+
+    cls = target._subclass_ca_type
+
+    def build() -> str:
+        recipes = [(i, r) for i, r in enumerate(all_recipes()) if _uses(r, cls)]
+        return "; ".join([
+            f"{target.__name__} mode={target._subclass_ca_mode}",
+            describe(get_handler(cls)),
+            *(f"recipe {i}: {_describe_recipe(r)}" for i, r in recipes),
+        ])
+
+    return _stable(f"{target.__name__} ({cls.__qualname__})", build)
+
+
+def _uses(recipe: Any, cls: type) -> bool:
+    return recipe.subclass_type is cls
+
+
+def _describe_recipe(recipe: Any) -> str:
+    parts = ", ".join(f"{attr}={_describe_recipe(p) if hasattr(p, 'parts') else describe(p)}" for attr, p in recipe.parts)
+    return (
+        f"{describe(recipe.handler)} ctx={describe(recipe.ctx)} parts=[{parts}] size={describe(recipe.outer_size)} "
+        f"stride={describe(recipe.outer_stride)} symints={recipe.symint_start}:{recipe.symint_end} args={recipe.arg_count} "
+        f"expected={describe(recipe.expected)}"
+    )
+
+
+def _prologue_key(prologue: Any) -> str:
+    found = _prologue_keys.get(id(prologue))
+    if found is not None and found[0] is prologue:
+        return found[1]
+    key = _stable("an AOT backward prologue", lambda: describe(_compat.prologue_inner(prologue)))
+    _prologue_keys[id(prologue)] = (prologue, key)  # the prologue is kept alive: its id is never reused
+    return key
+
+
+def global_kind(obj: Any) -> str | None:
+    """Which kind of CA graph global ``obj`` is ("callable": one of our make_<Subclass>, "op": a compiled autograd op,
+    "prologue": an AOT backward prologue), without building its key; None: none of them (torch's own key line)."""
+    if hasattr(obj, "_subclass_ca_type"):
+        return "callable"
+    op = _compat.ca_op_name(obj)
+    if op is not None:
+        return None if op[1] else "op"  # custom C++ functions are numbered per process
+    return "prologue" if _compat.is_stable_prologue(obj) else None
+
+
+def key_of(obj: Any) -> str | None:
+    """The key line for a CA graph global of the kinds :func:`global_kind` names (Note [Warm start through torch's
+    caches] in ``cacheable.py``); None: torch's own."""
+    kind = global_kind(obj)
+    if kind == "callable":
+        return _callable_key(obj)
+    if kind == "op":
+        return digest(_base(), f"compiled autograd op {obj.__name__}")
+    if kind == "prologue":
+        return _prologue_key(obj)
+    return None
+
+
+# --- the record key of a kept trace (Note [Skipping Dynamo's trace of an unchanged CA graph] in traced.py) ------
+
+
+def _global_line(name: str, value: Any) -> str | None:
+    if isinstance(value, types.ModuleType):
+        return f"{name}: module {value.__name__}"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return f"{name}: {value!r}"
+    described = key_of(value)
+    if described is not None:
+        return f"{name}: {described}"
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str) and "<locals>" not in qualname:
+        try:
+            found: Any = sys.modules.get(module) or __import__(module, fromlist=["_"])
+            for part in qualname.split("."):
+                found = getattr(found, part)
+        except (ImportError, AttributeError):
+            return None
+        if found is value:
+            return f"{name}: {module}:{qualname}"
+    return None
+
+
+def _constant_line(name: str, value: Any) -> str | None:
+    if not isinstance(value, torch.Tensor) or _compat.is_traceable_wrapper_subclass(value) or value.is_meta:
+        return None
+    try:
+        return f"{name}: {tensor_contents(value)}"
+    except Unstable:
+        return None  # a fake constant: nothing to describe, so no record
+
+
+def _configs() -> str:
+    return "; ".join(describe(snapshot) for snapshot in _compat.portable_compile_configs())
+
+
+def graph_key(graph_module: torch.fx.GraphModule, config: Config, behaviour: str) -> str | None:
+    """The record key of a CA graph (Note [Skipping Dynamo's trace of an unchanged CA graph]); None: not describable.
+
+    ``behaviour``: what the graph computes on its first call's inputs (Note [Keys by behaviour]); the
+    rest of the key is what Dynamo's trace of the graph's code depends on.
+    """
+    forward = graph_module.forward
+    frame_globals = forward.__globals__
+    lines = [package_digest(), f"torch {torch.__version__}", f"python {sys.version_info[:3]}", repr(cache_key(config)),
+             behaviour, graph_module.code]
+    for name in sorted(set(forward.__code__.co_names) & frame_globals.keys()):
+        line = _global_line(name, frame_globals[name])
+        if line is None:
+            return None
+        lines.append(line)
+    for node in graph_module.graph.nodes:
+        if node.op == "get_attr":
+            line = _constant_line(str(node.target), getattr(graph_module, str(node.target), None))
+            if line is None:
+                return None
+            lines.append(line)
+        elif node.op == "call_module":
+            return None
+    try:
+        lines.append(_configs())
+    except Unstable:
+        return None
+    return digest(*lines)
