@@ -77,7 +77,8 @@ class Trainer(torchtitan.trainer.Trainer):
         step = {"input_dict": input_dict, "labels": labels, "global_valid_tokens": global_valid_tokens}
         compiled_autograd = getattr(self.config, "compiled_autograd", None) or CompiledAutogradConfig()
         if not compiled_autograd.enable:
-            return super().forward_backward_step(**step)
+            stock_loss: torch.Tensor = super().forward_backward_step(**step)
+            return stock_loss
         with subclass_ca.enable(config=block_config(compiled_autograd, self.config.compile)):
             loss: torch.Tensor = super().forward_backward_step(**step)
         return loss

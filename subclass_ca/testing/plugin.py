@@ -67,7 +67,8 @@ def ca_matches_eager(
         grads = {
             f"inputs[{i}].grad": c.grad for i, c in enumerate(inputs) if isinstance(c, torch.Tensor) and c.requires_grad
         }
-        return snapshot({"out": out.detach(), **grads})
+        taken: dict[str, Any] = snapshot({"out": out.detach(), **grads})
+        return taken
 
     try:
         eager = run(compiled=False)

@@ -199,7 +199,8 @@ class _ScaledTanh(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         (y,) = ctx.saved_tensors
-        return grad * (1.0 - y * y) * 2.0
+        scaled: torch.Tensor = grad * (1.0 - y * y) * 2.0
+        return scaled
 
 
 @scenario("autograd_function", "a custom torch.autograd.Function inside the compiled region")
@@ -208,7 +209,8 @@ def _autograd_function(ctx: ScenarioContext) -> dict[str, Any]:
     x = ctx.leaf(ctx.dense(3, 4, offset=1))
 
     def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return _ScaledTanh.apply(x @ w)
+        out: torch.Tensor = _ScaledTanh.apply(x @ w)
+        return out
 
     out = ctx.compile(fn)(x, w)
     ctx.backward(out, ctx.subclass(ctx.dense(3, 4, offset=2)))

@@ -57,7 +57,8 @@ def _nf4(dense: torch.Tensor) -> torch.Tensor:
             module = importlib.import_module(module_name)
         except ImportError:
             continue
-        return module.to_nf4(dense, block_size=min(64, dense.numel()), scaler_block_size=1)
+        nf4: torch.Tensor = module.to_nf4(dense, block_size=min(64, dense.numel()), scaler_block_size=1)
+        return nf4
     raise ImportError(f"this torchao has NF4Tensor in none of {', '.join(NF4_MODULES)}")
 
 
@@ -81,21 +82,25 @@ def _quantized(config: Callable[[], Any]) -> Callable[[torch.nn.Module], torch.n
 def _float8(model: torch.nn.Module, *, all_gather: bool = False) -> torch.nn.Module:
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    return convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather))
+    converted: torch.nn.Module = convert_to_float8_training(
+        model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather))
+    return converted
 
 
 def _float8_weight(dense: torch.Tensor) -> torch.Tensor:
     from torchao.float8.float8_linear import LinearMMConfig
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
-    return WeightWithDynamicFloat8CastTensor(dense, LinearMMConfig(), torch.float8_e4m3fn)
+    weight: torch.Tensor = WeightWithDynamicFloat8CastTensor(dense, LinearMMConfig(), torch.float8_e4m3fn)
+    return weight
 
 
 def _optimizer(name: str) -> Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]:
     def make(parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         import torchao.optim
 
-        return getattr(torchao.optim, name)(parameters, lr=1e-2)
+        optimizer: torch.optim.Optimizer = getattr(torchao.optim, name)(parameters, lr=1e-2)
+        return optimizer
 
     return make
 
