@@ -109,6 +109,17 @@ def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+def assert_no_block_open() -> None:
+    """A backward now runs eagerly, uncaptured: no ``enable()`` block was left open."""
+    import subclass_ca
+
+    before = subclass_ca.cache_stats()
+    x = torch.randn(2, 3, requires_grad=True)
+    (x * 2).sum().backward()
+    assert subclass_ca.cache_stats() == before
+    assert torch.equal(x.grad, torch.full_like(x, 2.0))
+
+
 def assert_same_training(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> None:
     """Bitwise: the forwards are aot_eager-compiled or eager, and so is the CA graph."""
     assert expected.keys() == actual.keys()
