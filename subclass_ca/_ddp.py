@@ -30,10 +30,12 @@ first use, and torch's ``python_reducer`` mode switches them on *process-wide* w
 module (``_fuse_ddp_communication``, with the module's ``bucket_cap_mb``).  A module we move to the
 Python reducer never went through that constructor, so the CA graphs compiled while it is there get
 those options, scoped to their own ``torch.compile`` (inductor's ``options``), the module's own bucket
-size included.  The size is the capture's: a CA graph reads, when it is captured, the bucket size of the last
-DDP forward this thread ran on the Python reducer inside a block, and every compile of that graph (whole, its
-regional or split pieces, a recompile with graph breaks) uses it, whatever DDP forward runs later; two captures
-of modules with different sizes compile with their own.  One choice differs from torch's default: a bucket is one *coalesced* all-reduce, not a
+size included.  The size travels with the capture, never in module state: a CA graph reads it at its first run
+from its own hooks (each post-accumulate-grad hook of the Python reducer closes over its DDP module), and every
+compile of that graph (whole, its regional or split pieces, a recompile with graph breaks) uses it, whatever DDP
+forward runs before or after; two captures of modules with different sizes compile with their own, and a graph
+holding the hooks of several DDP modules takes the smallest size among them (a bucket never exceeds what any of
+them asked for).  One choice differs from torch's default: a bucket is one *coalesced* all-reduce, not a
 concatenated one.  Concatenation hands each gradient back as a view into the bucket's buffer, and a
 wrapper subclass whose parts must share an offset (TwoTensor) then fails to rebuild its gradient
 (Dynamo reports it as "Attempt to trace generator"); coalescing keeps every gradient its own tensor.
@@ -51,53 +53,46 @@ compiler (flag style).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import _compat
 from .errors import DDPUnsupportedError
 
-__all__ = ["before_ddp_forward", "capture_bucket_mb", "with_bucketing"]
+__all__ = ["before_ddp_forward", "bucket_mb_of_hooks", "with_bucketing"]
 
 _SWITCHED = "_subclass_ca_python_reducer"
-_forwards = threading.local()
-"""Per thread (a DDP forward and the backward that captures it run in the thread owning the blocks: Note [enable()
-blocks and threads] in ``_runtime.py``), ``bucket_mb``: the bucket size of the last DDP module that ran a forward on
-the Python reducer inside a block; None once it is back on its C++ reducer.  Read once per capture
-(:func:`capture_bucket_mb`), never at compile time (Note [Bucketing the Python reducer's all-reduces])."""
 
 
 def before_ddp_forward(module: Any) -> None:
     """Pick the reducer a DDP forward needs: the Python one inside a block, the module's own outside."""
-    inside = _compat.BLOCKS.depth > 0
-    if inside and not _compat.uses_python_reducer(module):
-        unsupported = _compat.ddp_features(module)
-        if unsupported:
-            raise DDPUnsupportedError(
-                f"DistributedDataParallel with {', '.join(unsupported)} cannot run inside subclass_ca.enable(): "
-                "compiled autograd needs torch's Python reducer, which does not implement it. Build the DDP module "
-                "without it, or run this model's backward outside enable()."
-            )
-        _compat.to_python_reducer(module)
-        setattr(module, _SWITCHED, True)
-    if inside:
-        _forwards.bucket_mb = _compat.bucket_size_mb(module)
+    if _compat.BLOCKS.depth > 0:
+        if not _compat.uses_python_reducer(module):
+            unsupported = _compat.ddp_features(module)
+            if unsupported:
+                raise DDPUnsupportedError(
+                    f"DistributedDataParallel with {', '.join(unsupported)} cannot run inside subclass_ca.enable(): "
+                    "compiled autograd needs torch's Python reducer, which does not implement it. Build the DDP module "
+                    "without it, or run this model's backward outside enable()."
+                )
+            _compat.to_python_reducer(module)
+            setattr(module, _SWITCHED, True)
     elif getattr(module, _SWITCHED, False):
         _compat.to_cpp_reducer(module)
         setattr(module, _SWITCHED, False)
-        _forwards.bucket_mb = None
 
 
-def capture_bucket_mb() -> int | None:
-    """The bucket size a CA graph captured now in this thread compiles with (None: no bucketing): read once, at the
-    capture, and kept by the graph (Note [Bucketing the Python reducer's all-reduces])."""
-    return getattr(_forwards, "bucket_mb", None)
+def bucket_mb_of_hooks(hooks: Iterable[Any] | None) -> int | None:
+    """The bucket size a CA graph with these hooks compiles with: the smallest of the DDP modules whose Python
+    reducer registered them, None (no bucketing) where none did (Note [Bucketing the Python reducer's
+    all-reduces])."""
+    sizes = {_compat.bucket_size_mb(module) for module in map(_compat.reducer_module, hooks or ()) if module is not None}
+    return min(sizes) if sizes else None
 
 
 def with_bucketing(backend: Any, kwargs: Mapping[str, Any], bucket_mb: int | None) -> tuple[Any, Mapping[str, Any]]:
     """The backend and ``torch.compile`` keywords of a CA graph (or piece) captured with ``bucket_mb``
-    (:func:`capture_bucket_mb`), bucketing the Python reducer's all-reduces by it where that applies (Note [Bucketing
+    (:func:`bucket_mb_of_hooks`), bucketing the Python reducer's all-reduces by it where that applies (Note [Bucketing
     the Python reducer's all-reduces]); the user's own options win."""
     if bucket_mb is None:
         return backend, kwargs

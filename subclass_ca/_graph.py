@@ -71,8 +71,9 @@ class CompiledCAGraph:
         self._hooks_eager = False
         """Its parameter hooks run eagerly between compiled pieces (Note [Optimizer steps compiled into the CA graph])."""
         self._static_sizes = config.dynamic is False  # Note [Static-first CA graphs] in _compiler.py
-        self._ddp_bucket_mb = _ddp.capture_bucket_mb()
-        """Read at the capture, used by every compile of this graph (Note [Bucketing the Python reducer's all-reduces])."""
+        self._ddp_bucket_mb: int | None = None
+        """Read from the graph's own hooks at its first run, used by every compile of this graph (Note [Bucketing the
+        Python reducer's all-reduces])."""
 
     def _compile(self, fullgraph: bool) -> Any:
         self._traced = None
@@ -128,6 +129,7 @@ class CompiledCAGraph:
             self._report.runs += 1
             return self._compiled(*args, **kwargs)
         if self._first_run and self._compiled is None:  # before anything splits or compiles the graph
+            self._ddp_bucket_mb = _ddp.bucket_mb_of_hooks(hook_arg(args))
             # Note [Hooks run after every read of the tensor they are given]: args[0] is the graph's inputs list
             order_hooks_after_reads(self._graph_module, args[0] if args and isinstance(args[0], list) else None,
                                     hook_arg(args))

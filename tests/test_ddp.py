@@ -90,28 +90,34 @@ def test_a_ddp_module_gets_its_cpp_reducer_back_outside_the_block_and_a_static_g
             static(torch.randn(2, 4)).sum().backward()
 
 
-def test_a_module_on_the_python_reducer_buckets_by_its_own_size_until_it_leaves_the_block():
-    """Note [Bucketing the Python reducer's all-reduces]: the options carry the module's ``bucket_cap_mb``, and a
-    forward outside every block (back on the C++ reducer) ends them.  Two ranks check the buckets themselves
+def test_a_module_on_the_python_reducer_buckets_by_its_own_size_until_it_leaves_the_block(monkeypatch):
+    """Note [Bucketing the Python reducer's all-reduces]: the options carry the module's ``bucket_cap_mb``, read from
+    the CA graph's own reducer hooks; a graph without them (the module back on its C++ reducer outside every block, a
+    model without DDP) is not bucketed.  Two ranks check the buckets themselves
     (``test_ddp_trains_under_enable_like_data_parallel_whatever_optimize_ddp_says``, its inductor case)."""
     import subclass_ca
     from subclass_ca import _ddp
     from tests.distributed_utils import single_process_group
 
+    used = _recording_bucket_sizes(monkeypatch)
     with single_process_group():
         ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), bucket_cap_mb=2)
         forward = torch.compile(ddp, backend="aot_eager")
         with subclass_ca.enable():
             forward(torch.randn(2, 4)).sum().backward()
-            size = _ddp.capture_bucket_mb()
-            backend, kwargs = _ddp.with_bucketing("inductor", {}, size)
-            aot_eager, _ = _ddp.with_bucketing("aot_eager", {}, size)
+        assert set(used) == {2}  # every compile of that graph (a piece, a recompile) with its module's size
+        backend, kwargs = _ddp.with_bucketing("inductor", {}, 2)
+        aot_eager, _ = _ddp.with_bucketing("aot_eager", {}, 2)
         options = kwargs["options"]
         assert backend == "inductor" and options["_fuse_ddp_communication"] and options["_fuse_ddp_bucket_size"] == 2
         assert options["_fuse_ddp_communication_passes"][0] == "fuse_ddp_with_coalesced_op"  # not concatenation
         assert callable(aot_eager) and aot_eager.__name__ == "aot_eager_bucketing"
-        ddp(torch.randn(2, 4)).sum().backward()
-        assert _ddp.capture_bucket_mb() is None
+        ddp(torch.randn(2, 4)).sum().backward()  # outside: the C++ reducer again
+        plain = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        before = len(used)
+        with subclass_ca.enable():
+            torch.compile(plain, backend="aot_eager")(torch.randn(2, 4)).sum().backward()
+        assert len(used) > before and set(used[before:]) == {None}
         assert _ddp.with_bucketing("inductor", {}, None) == ("inductor", {}) and _ddp.with_bucketing("aot_eager", {}, None) == ("aot_eager", {})
 
 
@@ -157,21 +163,26 @@ def test_two_captures_with_different_bucket_sizes_compile_with_their_own(monkeyp
     assert used == [2, 3]
 
 
-def test_a_ca_graph_compiled_after_another_ddp_forward_keeps_its_captures_bucket_size(monkeypatch):
-    """The size is read when the graph is captured (``CompiledCAGraph``), so a compile that comes later (a graph
-    recompiled with graph breaks, a regional piece first reached later) never takes another module's size."""
-    from subclass_ca import _ddp, diagnostics
-    from subclass_ca._graph import CompiledCAGraph
-    from subclass_ca.config import Config
-
-    def captured(size):
-        monkeypatch.setattr(_ddp._forwards, "bucket_mb", size, raising=False)  # the DDP forward before the capture
-        graph = torch.fx.symbolic_trace(lambda x: x * 2)
-        return CompiledCAGraph(graph, Config(backend="aot_eager"), True, diagnostics.CaptureReport(capture_index=0))
+def test_a_ca_graph_takes_the_bucket_size_of_its_own_ddp_module_whatever_forward_ran_last(monkeypatch):
+    """The size travels with the capture (its hooks), not with the last DDP forward: both modules' forwards run before
+    either backward is captured, and each graph still compiles with its own module's size; one loss through both
+    modules buckets by the smaller."""
+    import subclass_ca
+    from tests.distributed_utils import single_process_group
 
     used = _recording_bucket_sizes(monkeypatch)
-    first = captured(2)
-    second = captured(3)
-    first._compile(False)  # compiled after the second capture's DDP forward
-    second._compile(False)
-    assert used == [2, 3]
+    with single_process_group():
+        small = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), bucket_cap_mb=2)
+        large = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)),
+                                                          bucket_cap_mb=3)
+        with subclass_ca.enable():
+            small_loss = torch.compile(small, backend="aot_eager")(torch.randn(2, 4)).sum()
+            large_loss = torch.compile(large, backend="aot_eager")(torch.randn(2, 4)).sum()
+            small_loss.backward()  # captured after the large module's forward
+            first = len(used)
+            large_loss.backward()
+        second = len(used)
+        assert first and set(used[:first]) == {2} and second > first and set(used[first:]) == {3}
+        with subclass_ca.enable():
+            (small(torch.randn(2, 4)).sum() + large(torch.randn(2, 4)).sum()).backward()
+        assert len(used) > second and set(used[second:]) == {2}

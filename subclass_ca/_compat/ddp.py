@@ -12,7 +12,7 @@ from typing import Any
 from ._lookup import lookup
 from ._patch import AttributeSwap
 
-__all__ = ["is_reducer_hook", "DDP_CLASS", "DDP_PARTS", "ddp_supported", "pre_forward_swap", "uses_python_reducer", "to_python_reducer",
+__all__ = ["is_reducer_hook", "reducer_module", "DDP_CLASS", "DDP_PARTS", "ddp_supported", "pre_forward_swap", "uses_python_reducer", "to_python_reducer",
            "to_cpp_reducer", "ddp_features", "DDP_BUCKETING", "bucket_size_mb", "bucketing_options", "bucketing_aot_eager"]
 
 DDP_CLASS = "torch.nn.parallel:DistributedDataParallel"
@@ -43,6 +43,29 @@ def is_reducer_hook(hook: Any) -> bool:
     while isinstance(function, functools.partial):
         function = function.func
     return getattr(function, "__module__", None) == _DDP_MODULE
+
+
+def reducer_module(hook: Any) -> Any:
+    """The DDP module whose Python reducer registered ``hook`` (:func:`is_reducer_hook`), None for any other hook: the
+    hook's function closes over the module it all-reduces for, so a CA graph learns its bucket size from its own hooks
+    (Note [Bucketing the Python reducer's all-reduces] in ``subclass_ca/_ddp.py``)."""
+    if not is_reducer_hook(hook):
+        return None
+    function = hook
+    while isinstance(function, functools.partial):
+        function = function.func
+    try:
+        ddp = lookup(DDP_CLASS)
+    except (ImportError, AttributeError):
+        return None
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, ddp):
+            return value
+    return None
 
 
 def ddp_supported() -> bool:
