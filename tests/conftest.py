@@ -96,7 +96,9 @@ def fresh_compile_state():
 # whichever test ran next with it).  The child never collects that garbage: the cyclic garbage collector is off
 # in it from the start (a collection can also fall in the middle of the test: CI once saw the crash there, under
 # load), and it ends with ``os._exit`` right after pytest reports.  The crash is torch's, the verdict is the test's
-# assertions.
+# assertions.  It is also for a test whose verdict CI once saw depend on what earlier tests left in its xdist
+# worker, where no serial order reproduces it (the reason names what was seen): in a fresh interpreter it checks
+# its subject, as ``python -m subclass_ca check`` does, not the worker's history.
 _ISOLATED_CHILD = "SUBCLASS_CA_ISOLATED_CHILD"
 _ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,6 +30,9 @@ def one_rank_mesh():
             dist.destroy_process_group()
 
 
+@pytest.mark.isolated(reason="torch 2.12 under xdist (CI, twice): every non-scalar scenario failed AOT's partition "
+                              "('Node tangents_2 was invalid, but is output') after some earlier test in the worker; "
+                              "the file alone, and the whole lane suite serially, pass")
 def test_dtensor_passes_the_battery_except_its_documented_torch_limitation(one_rank_mesh):
     report = check_subclass(dtensor_spec(one_rank_mesh), name="DTensor")
     report.raise_for_failures()
