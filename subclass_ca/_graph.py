@@ -15,7 +15,7 @@ from ._nodes import hook_arg, raised_in_rebuild, retarget_to_opaque, subclass_no
 from ._translate import compile_error, grad_dtype_refusal
 from ._warm_start import cacheable as _cacheable
 from ._warm_start.keys import cross_process_key
-from ._warm_start.traced import TracedGraph, compile_traced
+from ._warm_start.traced import TracedGraph, TracedPiece, compile_traced
 from .config import Config
 from .errors import UnsupportedSubclassError
 
@@ -95,13 +95,19 @@ class CompiledCAGraph:
             return None
         return _regional.regional_graph(self._graph_module, self._compile_piece, self._report)
 
-    def _compile_piece(self, forward: MethodType, *, fullgraph: bool) -> Any:
+    def _compile_piece(self, forward: MethodType, *, fullgraph: bool, first_args: tuple[Any, ...] | None = None) -> Any:
         """One piece of a split or regional graph (its GraphModule's bound ``forward``), compiled as the whole graph
-        would be."""
+        would be.  ``first_args``: a regional piece's first call's inputs, which key its kept trace (Note [Regional
+        CA graphs], warm start)."""
         config = self._config
         piece = cast(torch.fx.GraphModule, forward.__self__)
         kwargs = _cacheable.compile_kwargs(piece, config)
         backend, kwargs = _ddp.with_bucketing(config.backend, kwargs, self._ddp_bucket_mb)
+        if fullgraph and first_args is not None and config.persistent_caches:
+            behaviour = cross_process_key("a regional piece", piece, first_args)
+            traced = compile_traced(piece, config, kwargs, behaviour, **_sizes(config))
+            if traced is not None:
+                return TracedPiece(traced)
         return torch.compile(forward, backend=backend, fullgraph=fullgraph, dynamic=_dynamic(config), **kwargs)
 
     def _call_in_scope(self, *args: Any, **kwargs: Any) -> Any:
@@ -285,14 +291,8 @@ class CompiledCAGraph:
         traced = self._traced
         if traced is None:
             return self._compiled(*args, **kwargs)
-        try:
-            result = self._compiled(*args, **kwargs)
-        except Exception:
-            if not traced.refused():
-                raise
-            self._compiled = traced.without_recording()  # its guards cannot be kept: compile it as usual
-            result = self._compiled(*args, **kwargs)
-        traced.compiled_once()
+        result = traced.run_first(*args, **kwargs)
+        self._compiled = traced.compiled  # the recording's, or (refused) one compiled without it
         return result
 
     def _whole_after_regional(self, error: Exception) -> None:

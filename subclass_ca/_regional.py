@@ -61,13 +61,15 @@ regions is cut into pieces and each *distinct* piece is compiled once:
   says so.  (One case: a wrapper subclass whose views are not views, such as an ``expand`` that
   materialises one inner tensor, hands the first piece a gradient AOTAutograd cannot trace as an
   input, since a piece may write into its inputs where the whole graph wrote into an intermediate.)
-* **Warm start.**  Each distinct piece is compiled as FSDP2's split pieces are: its AOTAutogradCache
+* **Warm start.**  Each distinct piece is compiled as a whole CA graph is: its AOTAutogradCache
   key goes through the never-stale key swap (Note [Keys by behaviour]), or the cache is bypassed,
-  so a restart never reuses a stale piece, and an unchanged restart takes every distinct piece from
-  the cache (tests/warm_start/test_never_stale.py runs a regional program in every form).  A
-  regional graph keeps no Dynamo trace (kept traces are
-  per whole graph, and the whole graph's key would describe every block again), so a restart traces
-  each distinct piece again: a handful, not one per block.
+  and it keeps its Dynamo trace (Note [Skipping Dynamo's trace of an unchanged CA graph]) under a
+  record key holding the piece's behaviour key on its first call's inputs: one record and one key
+  computation per distinct piece, not per block.  A restart whose piece has the same key installs
+  the record and runs it without tracing; a changed block body, or a changed subclass dispatch the
+  piece reaches, is another key, so a restart never reuses a stale piece, and an unchanged restart
+  takes every distinct piece from a record or the cache (tests/warm_start/test_never_stale.py runs a
+  regional program in every form).
 """
 
 from __future__ import annotations
@@ -239,7 +241,7 @@ class _Slot:
             if self._graph.mode.run_only:
                 return self._frame(*args)
             return compiled(*args)
-        self._compiled, self._frame = self._graph.compiled_for(self._identity, tuple(_input_identity(a) for a in args), self._module)
+        self._compiled, self._frame = self._graph.compiled_for(self._identity, args, self._module)
         try:
             return self._compiled(*args)
         except Exception as error:
@@ -287,12 +289,14 @@ class RegionalGraph:
         """Distinct compiled pieces so far."""
         return len(self._compiled)
 
-    def compiled_for(self, identity: tuple[Any, ...], inputs: tuple[Any, ...], module: torch.fx.GraphModule) -> tuple[Any, Any]:
-        """The compiled piece of this identity, and the function whose frame holds its compiled code."""
-        key = (identity, inputs)
+    def compiled_for(self, identity: tuple[Any, ...], args: tuple[Any, ...], module: torch.fx.GraphModule) -> tuple[Any, Any]:
+        """The compiled piece of this identity on inputs like ``args``, and the function whose frame holds its
+        compiled code; the first piece of each distinct pair keys and compiles it (a kept trace included)."""
+        key = (identity, tuple(_input_identity(a) for a in args))
         found = self._compiled.get(key)
         if found is None:
-            found = self._compiled[key] = (self._compile_piece(module.forward, fullgraph=True), module.forward)
+            compiled = self._compile_piece(module.forward, fullgraph=True, first_args=args)
+            found = self._compiled[key] = (compiled, module.forward)
             self._report.regional_compiles = len(self._compiled)
         self._ran += 1
         return found

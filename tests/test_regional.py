@@ -183,14 +183,14 @@ def _failing_compile(fail_at: int):
     calls = []
     original = _graph.CompiledCAGraph._compile_piece
 
-    def compile_piece(self, forward, *, fullgraph):
+    def compile_piece(self, forward, *, fullgraph, **kwargs):
         calls.append(forward)
         if len(calls) == fail_at:
             def broken(*args):
                 raise RuntimeError("piece compile failed on purpose")
 
             return broken
-        return original(self, forward, fullgraph=fullgraph)
+        return original(self, forward, fullgraph=fullgraph, **kwargs)
 
     return compile_piece
 

@@ -78,16 +78,25 @@ def inductor_backend(options: dict[str, Any] | None, dynamic: bool | None) -> An
 
 
 class _FlatInputs:
-    """A compiled CA graph taking Dynamo's graph arguments: the boxed ``inputs`` list first, flattened as torch does."""
+    """A compiled CA graph taking Dynamo's graph arguments: the boxed ``inputs`` list first, flattened as torch does
+    (``listed``); a regional piece's arguments are tensors already and pass as they are."""
 
-    def __init__(self, compiled: Any, *, boxed: bool) -> None:
+    def __init__(self, compiled: Any, *, boxed: bool, listed: bool = True) -> None:
         self.compiled = compiled
         self.boxed = boxed
+        self.listed = listed
 
     def __call__(self, *args: Any) -> Any:
+        if not self.listed:
+            return self.compiled(*args)
         flat = [*args[0], *args[1:]]
         args[0].clear()  # the graph owns its inputs (compiled autograd's boxed calling convention)
         return self.compiled(flat) if self.boxed else self.compiled(*flat)
+
+
+_BACKEND_ID = "_backend_id"
+"""The per-process name Dynamo gives a frame's backend under a precompile package (read by AOT as
+``precompile_backend_id``, part of its cache key)."""
 
 
 def flat_input_backend(backend: Any) -> Callable[[torch.fx.GraphModule, list[Any]], Any]:
@@ -99,8 +108,16 @@ def flat_input_backend(backend: Any) -> Callable[[torch.fx.GraphModule, list[Any
     flatten = lookup(PRECOMPILE_PARTS["graph input flattening"])
 
     def compile_frame(graph_module: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        if not any(isinstance(value, list) for value in example_inputs):
-            return backend(graph_module, example_inputs)
+        if not any(isinstance(value, list) for value in example_inputs):  # a regional piece: tensors already
+            # Dynamo names the frame's backend per process (a uuid) on the graph, and AOT puts that name in its cache
+            # key: every restart would miss.  A flattened whole graph carries no name, so neither does a piece.
+            backend_id = graph_module.__dict__.pop(_BACKEND_ID, None)
+            try:
+                with torch._functorch.config.patch(bundled_autograd_cache=True):
+                    return _FlatInputs(backend(graph_module, example_inputs), boxed=False, listed=False)
+            finally:
+                if backend_id is not None:
+                    setattr(graph_module, _BACKEND_ID, backend_id)
         compiled: list[Any] = []
 
         def compile_flat(flat_module: Any, flat_inputs: Any) -> Any:
@@ -139,15 +156,18 @@ def recorded_frame(package: Any) -> bytes | None:
         return None
     bundled = lookup(PRECOMPILE_PARTS["bundled AOT callable"])
     backends = {}
+    listed = {}
     for backend_id in entry.backend_ids:
         compiled = package.cached_backends.get(backend_id)
         if not isinstance(compiled, _FlatInputs) or getattr(compiled.compiled, "serialize", None) is None:
             return None
         backends[backend_id] = bundled.serialize_compile_artifacts(bundled(compiled.compiled))
+        listed[backend_id] = compiled.listed
     frame = {
         "import_sources": dict(entry.import_sources),
         "guarded_codes": [(code.guards_state, code.dynamo_code) for code in entry.guarded_codes],
         "backends": backends,
+        "listed": listed,
     }
     return pickle.dumps(frame)
 
@@ -168,7 +188,8 @@ def install_frame(recorded: bytes, code: Any, frame_globals: dict[str, Any]) -> 
         frame_globals[alias] = importlib.import_module(module_name)
     for backend_id, data in frame["backends"].items():
         compiled = bundled.deserialize_compile_artifacts(data)
-        frame_globals[backend_id] = dynamo_disable(_FlatInputs(compiled, boxed=False))
+        listed = frame.get("listed", {}).get(backend_id, True)
+        frame_globals[backend_id] = dynamo_disable(_FlatInputs(compiled, boxed=False, listed=listed))
     for guards_state, dynamo_code in frame["guarded_codes"]:
         manager = load_guard_manager(load_guards_state(guards_state), code, frame_globals)
         load_entry(code, manager, serialized_code.to_code_object(dynamo_code))

@@ -56,7 +56,7 @@ from ..errors import CacheFileError
 from . import trust
 from .keys import graph_key
 
-__all__ = ["Record", "TracedGraph", "compile_traced", "holds_records", "signable_records", "add_records", "write_records",
+__all__ = ["Record", "TracedGraph", "TracedPiece", "compile_traced", "holds_records", "signable_records", "add_records", "write_records",
            "records_folder", "stats"]
 
 stats = {"recorded": 0, "replayed": 0, "refused": 0}
@@ -217,6 +217,18 @@ class TracedGraph:
                 del _pending[self.key]
         self._recording = None
 
+    def run_first(self, *args: Any, **kwargs: Any) -> Any:
+        """The first call: a recording torch gave up compiles again without one; a finished one waits for
+        ``save_cache()``."""
+        try:
+            result = self.compiled(*args, **kwargs)
+        except Exception:
+            if not self.refused():
+                raise
+            result = self.without_recording()(*args, **kwargs)  # its guards cannot be kept: compiled as usual
+        self.compiled_once()
+        return result
+
     def compiled_once(self) -> None:
         """The first call succeeded: the recording (if any) is complete and waits for ``save_cache()``."""
         if self.package is not None and self._compiles <= 1:
@@ -226,6 +238,23 @@ class TracedGraph:
             stats["recorded"] += 1
             diagnostics.record_warm_start("recorded", self.key)
             self.package = None
+
+
+class TracedPiece:
+    """A regional piece compiled through a recording or a replay, as a plain callable: its first call is
+    :meth:`TracedGraph.run_first`, every later one the compiled frame."""
+
+    def __init__(self, traced: TracedGraph) -> None:
+        self._traced: TracedGraph | None = traced
+        self._compiled = traced.compiled
+
+    def __call__(self, *args: Any) -> Any:
+        traced = self._traced
+        if traced is None:
+            return self._compiled(*args)
+        result = traced.run_first(*args)
+        self._compiled, self._traced = traced.compiled, None
+        return result
 
 
 def _keep_guards(entries: Any) -> list[bool]:

@@ -10,7 +10,7 @@ form is set by ``save`` (a path: ``save_cache(path)``; null: ``save_cache()`` in
 traces included; absent: torch's cache folder alone) and ``load`` (a path: ``load_cache(path)``).
 Prints one JSON line: per case the gradients under ``subclass_ca.enable(backend="inductor")`` and
 eager's, computed in this process, and the process's cache counters (AOTAutogradCache hits, kept
-traces replayed).
+traces replayed; per regional case its pieces, distinct compiles, cache hits and kept traces replayed).
 """
 
 from __future__ import annotations
@@ -86,12 +86,13 @@ def main(settings: dict) -> dict:
             eager_blocks, blocks = _blocks(cls, w0, depth + 2, compiled=False), _blocks(cls, w0, depth + 2, compiled=True)
             eager_blocks(x).sum().backward()
             loss = blocks(x).sum()
-            hits_before = _compat.cache_counters()["aot_hit"]
+            hits_before, replayed_before = _compat.cache_counters()["aot_hit"], traced.stats["replayed"]
             with subclass_ca.enable(backend="inductor"):
                 loss.backward()
             report = subclass_ca.last_report()
             hits = _compat.cache_counters()["aot_hit"] - hits_before  # the backward's: its pieces' entries
-            result.setdefault("regional", {})[name] = [report.regional_pieces, report.regional_compiles, hits]
+            replayed = traced.stats["replayed"] - replayed_before  # its pieces' kept traces
+            result.setdefault("regional", {})[name] = [report.regional_pieces, report.regional_compiles, hits, replayed]
             result["types"][f"{program} {name}"] = {
                 "grad": [v for block in blocks for v in _inner(block.weight.grad)],
                 "eager": [v for block in eager_blocks for v in _inner(block.weight.grad)],
