@@ -39,10 +39,11 @@ from ._optimizer_step import frame_swaps
 from ._translate import translated
 from ._warm_start import cacheable as _cacheable
 from ._warm_start.keys import aot_key_extension, remember_keyed
+from ._warm_start.outside import outside_extension
 from .config import Config
 from .errors import SubclassCAError
 
-__all__ = ["RUNTIME_PATCHES", "enter_block", "exit_block", "current_token", "capture_with"]
+__all__ = ["RUNTIME_PATCHES", "KEY_PATCHES", "enter_block", "exit_block", "current_token", "capture_with"]
 
 
 # --- blocks (Note [enable() blocks and threads]) ----------------------------------
@@ -128,11 +129,20 @@ RUNTIME_PATCHES = _compat.PatchSet(
         *([_compat.guard_requires_grad_swap()] if _compat.precompile_supported() else []),  # Note [Skipping Dynamo's trace of an unchanged CA graph]
         *([_compat.fsdp2_eager_hooks_swap(_compat.BLOCKS)] if _compat.fsdp2_loaded() and _compat.fsdp2_ca_detection_supported() else []),  # Note [FSDP2 under compiled autograd] (torch 2.11)
         *([_compat.pre_forward_swap(before_ddp_forward)] if _compat.ddp_supported() else []),  # Note [DDP under compiled autograd]
-        *([_compat.aot_key_swap(aot_key_extension, remember_keyed, _compat.BLOCKS)] if _compat.aot_key_swap_supported() else []),  # Note [Keys by behaviour]
     ],
     resident=True,
 )
 """What the runtime changes in torch; resident, acting only while a block is open (Note [Resident patches])."""
+
+KEY_PATCHES = _compat.PatchSet(
+    "subclass_ca cache keys",
+    lambda: [_compat.aot_key_swap(aot_key_extension, outside_extension, remember_keyed, _compat.BLOCKS)]
+    if _compat.aot_key_swap_supported() else [],
+    resident=True,
+)
+"""torch's AOTAutogradCache key, extended by behaviour inside blocks (Note [Keys by behaviour]) and, outside them,
+for a forward a saved cache names (Note [Forwards compiled outside a block]): installed when subclass_ca is
+imported, so that it sees the first step's forward, which most loops compute before their first block."""
 
 
 def _claim_process(owner: object) -> None:
@@ -166,6 +176,7 @@ def enter_block(owner: object, config: Config, compiler: CACompiler, token: int,
     entry = _Entry(owner, config, token)
     try:
         RUNTIME_PATCHES.install()
+        KEY_PATCHES.install()  # again after a reset() put torch's own back
         _compat.BLOCKS.enter()
         entry.in_scope = True
         if miss_log and diagnostics.miss_reasons_available():
@@ -218,3 +229,6 @@ def capture_with(compile_graph: Callable[[torch.fx.GraphModule], Any], *, config
         yield
     finally:
         exit_block(owner, (None, None, None))
+
+
+KEY_PATCHES.install()  # Note [Forwards compiled outside a block]: before the first step's forward

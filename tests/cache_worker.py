@@ -6,7 +6,7 @@ gradients as exact float lists, and eager's gradients computed in the same proce
 ``TORCHINDUCTOR_CACHE_DIR`` is set by the caller.  Settings (all optional):
 ``dtype``, ``batch``, ``subclass`` ("pair" | "tagged"), ``tag``, ``handler`` ("default" | "custom"),
 ``activation`` ("tanh" | "relu": relu's backward holds a call without tensor inputs, ``full([], 0.0)``),
-``threads`` (torch's intra-op threads, 1 by default; ``untrusted_warnings`` lists the UntrustedCacheWarnings of the run), ``strict``, ``torch_version`` / ``package`` (pretend another torch / subclass_ca build), ``load`` / ``save``
+``forward_outside`` (the forward runs outside the block, only ``loss.backward()`` inside it), ``threads`` (torch's intra-op threads, 1 by default; ``untrusted_warnings`` lists the UntrustedCacheWarnings of the run), ``strict``, ``torch_version`` / ``package`` (pretend another torch / subclass_ca build), ``load`` / ``save``
 (a subclass_ca cache file read before the step / written after it; ``save: null`` completes the
 cache folder only).
 """
@@ -84,12 +84,17 @@ def _step(settings: dict) -> dict:
     params = [torch.nn.Parameter(wrap(t)) for t in dense]
     step = torch.compile(forward, backend="inductor")
     start = _compat.cache_counters()
-    # the forward is compiled inside the block: its AOT key then describes its subclass inputs' code, and
-    # save_cache() writes its entry (Note [Keys by behaviour])
-    with subclass_ca.enable(backend="inductor", strict=bool(settings.get("strict"))):
+    block = subclass_ca.enable(backend="inductor", strict=bool(settings.get("strict")))
+    if settings.get("forward_outside"):  # Note [Forwards compiled outside a block]
         loss = step(params, wrap(x))
         before, traces_before = _compat.cache_counters(), _compat.unique_graph_count()
-        loss.backward()
+        with block:
+            loss.backward()
+    else:  # compiled inside the block: its AOT key describes its subclass inputs' code (Note [Keys by behaviour])
+        with block:
+            loss = step(params, wrap(x))
+            before, traces_before = _compat.cache_counters(), _compat.unique_graph_count()
+            loss.backward()
     after, ca_traces = _compat.cache_counters(), _compat.unique_graph_count() - traces_before
     saved = subclass_ca.save_cache(settings["save"]) if "save" in settings else None
     return {

@@ -62,6 +62,31 @@ def test_a_kept_trace_whose_guards_refuse_the_restart_is_traced_again(tmp_path_f
 
 @pytest.mark.inductor
 @needs_cache_hooks
+def test_a_forward_compiled_outside_the_block_is_saved_and_found_by_behaviour(tmp_path_factory, tmp_path):
+    """Note [Forwards compiled outside a block]: ``loss = step(...)`` outside, ``loss.backward()`` inside.  The cold
+    run's ``save_cache(path)`` writes that forward's entry under its behaviour key and marks torch's key; a restart
+    from the file, or from the folder, finds it and compiles nothing again.  The same program under another build of
+    the code its subclass dispatch reaches (our build's digest is in every behaviour key) finds the marker, misses
+    the entry and compiles afresh: never stale."""
+    folder, first = shared_cold_run(tmp_path_factory, "pair-tanh-outside", save="outside.cache", forward_outside=True)
+    assert first["forward"]["aot_miss"] == 1 and first["forward_entries_written"] == 1, first
+    from_file = run_step(tmp_path / "job-file", load=first["saved_path"], forward_outside=True)
+    from_folder = run_step(copy_cache(folder, tmp_path / "job-folder", traces=True), forward_outside=True)
+    for restart in (from_file, from_folder):
+        assert restart["forward"]["aot_hit"] == 1 and restart["forward"]["aot_miss"] == 0, restart["forward"]
+        assert_ca_graph_not_compiled(restart)
+        assert restart["grads"] == first["grads"]
+        assert_matches_eager(restart)
+    other_build = run_step(copy_cache(folder, tmp_path / "job-other", traces=True), forward_outside=True,
+                           package="another subclass_ca build")
+    assert other_build["forward"]["aot_hit"] == 0 and other_build["forward"]["aot_miss"] == 1, other_build["forward"]
+    assert_matches_eager(other_build)
+    without_marker = run_step(copy_cache(folder, tmp_path / "job-unmarked", traces=False), forward_outside=True)
+    assert without_marker["forward"]["aot_hit"] == 0, without_marker["forward"]  # torch's own key: no entry under it
+
+
+@pytest.mark.inductor
+@needs_cache_hooks
 def test_a_strict_restart_from_a_cached_forward_rebuilds_float64_gradients(tmp_path):
     """A cached forward has no fake values: strict checks what it still knows instead of assuming float32 on the CPU.
 

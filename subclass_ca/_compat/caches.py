@@ -5,6 +5,7 @@ Note [Warm start through torch's caches] in ``subclass_ca/_warm_start/cacheable.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from typing import Any, cast
 import torch
 
 from ._lookup import lookup
-from ._patch import AttributeSwap, gated
+from ._patch import AttributeSwap
 
 __all__ = [
     "GENERATED_DIAGNOSTIC_GLOBALS",
@@ -26,6 +27,8 @@ __all__ = [
     "cache_global_swap",
     "AOT_CACHE_KEY",
     "aot_key_swap",
+    "extended_cache_key",
+    "rekey_pending_forward",
     "Uncacheable",
     "aot_key_swap_supported",
     "forward_cache_key",
@@ -104,36 +107,44 @@ class Uncacheable(Exception):
     """Raised by an ``aot_key_swap`` extension: this graph's compile must not enter AOTAutogradCache at all."""
 
 
-def aot_key_swap(extension: Callable[[Any, Any, Any], str | None], keyed: Callable[[str], None], scope: Any) -> AttributeSwap:
-    """AOTAutogradCache keys computed inside ``scope`` get ``extension(module, example_inputs, aot_config)`` appended.
+def aot_key_swap(extension: Callable[[Any, Any, str], str | None], outside: Callable[[Any, Any, str], str | None],
+                 keyed: Callable[[str], None], scope: Any) -> AttributeSwap:
+    """AOTAutogradCache keys get ``extension(module, example_inputs, torch_key)`` appended inside ``scope``, and
+    ``outside(module, example_inputs, torch_key)`` outside it.
 
     ``module``: what AOT compiles, a GraphModule or torch's wrapper of one with flat inputs (its ``gm``).
 
-    ``extension`` answers None where torch's key already describes the graph, and raises
-    :class:`Uncacheable` where nothing can (torch then bypasses its cache for that compile, as
-    for any graph it cannot key); Note [Keys by behaviour] in ``subclass_ca/_warm_start/keys.py``.
-    Outside ``scope`` torch's key is unchanged.
+    Each answers None where torch's key stands (outside ``scope``: every compile subclass_ca did not
+    save, Note [Forwards compiled outside a block] in ``subclass_ca/_warm_start/outside.py``), and raises
+    :class:`Uncacheable` where nothing can describe the graph (torch then bypasses its cache for that
+    compile, as for any graph it cannot key); Note [Keys by behaviour] in ``subclass_ca/_warm_start/keys.py``.
     """
     module_name, _, attr = AOT_CACHE_KEY.partition(":")
 
     def make(original: Any) -> Any:
+        @functools.wraps(original)
         def autograd_cache_key(mod: Any, example_inputs: Any, config: Any, *rest: Any, **kwargs: Any) -> Any:
             key, lines = original(mod, example_inputs, config, *rest, **kwargs)
             try:
-                extra = extension(mod, example_inputs, config)
+                extra = (extension if scope.depth else outside)(mod, example_inputs, key)
             except Uncacheable as why:
                 raise lookup("torch._functorch._aot_autograd.autograd_cache:BypassAOTAutogradCache")(
                     f"subclass_ca: {why}"
                 ) from None
             if extra is None:
                 return key, lines
-            extended = key + digest_of(extra)
+            extended = extended_cache_key(key, extra)
             keyed(extended)
             return extended, [*lines, f"[subclass_ca behaviour]: {extra}"]
 
-        return gated(scope, original, autograd_cache_key)
+        return autograd_cache_key
 
     return AttributeSwap(lambda: importlib.import_module(module_name), attr, make)
+
+
+def extended_cache_key(key: str, extra: str) -> str:
+    """torch's AOTAutogradCache key with a behaviour key appended (:func:`aot_key_swap`)."""
+    return key + digest_of(extra)
 
 
 def digest_of(text: str) -> str:
@@ -199,6 +210,28 @@ def prologue_inner(obj: Any) -> list[Any]:
 def aot_forward_class(ctx: Any) -> Any:
     """The AOT autograd Function class of an AOT backward node's context (None for anything else)."""
     return getattr(ctx, "_forward_cls", None)
+
+
+def _backward_compiler(forward_cls: Any) -> Any:
+    impl = getattr(forward_cls, "_backward_impl", None)
+    for cell in getattr(impl, "__closure__", None) or ():
+        compiler = cell.cell_contents
+        if type(compiler).__name__ == "_AutogradBackwardCompiler":
+            return compiler
+    return None
+
+
+def rekey_pending_forward(forward_cls: Any, key: str) -> bool:
+    """Make the entry a forward's pending backward compile writes (:func:`pending_forward_entry`) go under ``key``;
+    False where there is none to rekey (compiled already, loaded from the cache, not cacheable)."""
+    compiler = _backward_compiler(forward_cls)
+    info = getattr(getattr(compiler, "aot_config", None), "cache_info", None)
+    if compiler is None or info is None or not isinstance(getattr(info, "cache_key", None), str):
+        return False
+    if getattr(compiler, "compiled_bw", None) is not None or getattr(compiler, "try_save_cache_entry", None) is None:
+        return False
+    info.cache_key = key  # read when the entry is written (try_save_cache_entry reads aot_config.cache_info)
+    return True
 
 
 def pending_forward_entry(forward_cls: Any) -> Callable[[], Any] | None:

@@ -67,6 +67,7 @@ import torch
 from .. import _compat
 from ..config import Config
 from .keys import behaviour_keyed, global_kind, key_of
+from .outside import key_for_save
 
 __all__ = [
     "key_of", "compile_kwargs", "cacheable_names", "cache_global_swap",
@@ -136,12 +137,17 @@ def _admitted(forward_cls: Any) -> bool:
 def complete_forward_entries() -> int:
     """Compile the pending backwards of remembered AOT functions, writing their forwards' cache entries; returns how many.
 
-    Only forwards whose key describes what they compute (Note [Keys by behaviour]); the others are
-    traced again by a restarted process.
+    Only forwards whose key describes what they compute (Note [Keys by behaviour]), those compiled outside a block
+    given theirs now (Note [Forwards compiled outside a block] in ``outside.py``); the others are traced again by a
+    restarted process.
     """
     with _forwards_lock:
-        found = [_compat.pending_forward_entry(f) for f in list(_forwards) if _admitted(f)]
-        pending = [p for p in found if p is not None]
+        forwards = list(_forwards)
+    for forward_cls in forwards:
+        if not _admitted(forward_cls):
+            key_for_save(forward_cls)  # compiled outside a block: keyed by behaviour now, if it can be
+    found = [_compat.pending_forward_entry(f) for f in forwards if _admitted(f)]
+    pending = [p for p in found if p is not None]
     for compile_backward in pending:
         compile_backward()
     return len(pending)

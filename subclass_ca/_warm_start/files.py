@@ -145,7 +145,8 @@ def save_cache(
             "can write (nothing else, such as a directory, at that name)."
         ) from error
     return CacheFile(path=os.fspath(path), torch_version=str(header["torch"]), subclass_ca=str(header["subclass_ca"]),
-                     artifact_bytes=len(artifacts), forward_entries_written=completed, traced_graphs=len(records))
+                     artifact_bytes=len(artifacts), forward_entries_written=completed,
+                     traced_graphs=traced.trace_count(records))
 
 
 def _without_unverified(name: str, artifacts: bytes) -> bytes:
@@ -170,7 +171,7 @@ def _folder_records() -> int:
     if not traced.holds_records():
         return 0  # and no key file made for nothing
     try:
-        return len(traced.signable_records(trust.resolve_key()))
+        return traced.trace_count(traced.signable_records(trust.resolve_key()))
     except trust.KeyUnavailable:
         return 0  # write_records said why, once
 
@@ -232,7 +233,7 @@ def load_cache(
         warnings.warn(f"{error} Skipped: this run compiles afresh.", RuntimeWarning, stacklevel=2)
         return None
     return CacheFile(path=name, torch_version=str(header["torch"]), subclass_ca=str(header["subclass_ca"]),
-                     artifact_bytes=len(artifacts), traced_graphs=len(records))
+                     artifact_bytes=len(artifacts), traced_graphs=traced.trace_count(records))
 
 
 def _remember_unverified(artifacts: bytes) -> None:

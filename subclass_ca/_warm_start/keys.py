@@ -159,7 +159,7 @@ def cross_process_key(what: str, fn: Callable[..., Any], args: Sequence[Any], *,
     return process_local(what, refuse)
 
 
-def aot_key_extension(module: Any, example_inputs: Sequence[Any], aot_config: Any) -> str | None:
+def aot_key_extension(module: Any, example_inputs: Sequence[Any], torch_key: str | None = None) -> str | None:
     """What to add to torch's AOTAutogradCache key of a graph compiled inside a block (Note [Keys by behaviour]).
 
     torch's key is the Dynamo graph, its globals and its inputs' metadata: complete for a graph of

@@ -56,7 +56,7 @@ from ..errors import CacheFileError
 from . import trust
 from .keys import graph_key
 
-__all__ = ["Record", "TracedGraph", "TracedPiece", "compile_traced", "holds_records", "signable_records", "add_records", "write_records",
+__all__ = ["Record", "TracedGraph", "TracedPiece", "compile_traced", "MARKER_PREFIX", "marked", "mark", "trace_count", "holds_records", "signable_records", "add_records", "write_records",
            "records_folder", "stats"]
 
 stats = {"recorded": 0, "replayed": 0, "refused": 0}
@@ -85,6 +85,30 @@ class Record:
 
 
 _records: dict[str, Record] = {}
+
+MARKER_PREFIX = "forward-"
+"""Records named so are markers, not kept traces (Note [Forwards compiled outside a block] in ``outside.py``)."""
+_MARKER = b"subclass_ca forward outside a block 1\n"
+
+
+def marked(torch_key: str) -> bool:
+    """Whether a marker this user signed (the cache folder's, or a loaded file's) names a forward compiled outside a
+    block by torch's AOTAutogradCache key."""
+    return _find(MARKER_PREFIX + torch_key) == _MARKER
+
+
+def mark(torch_key: str) -> None:
+    """This process saves the entry of a forward compiled outside a block: its marker joins the records
+    ``save_cache()`` signs."""
+    name = MARKER_PREFIX + torch_key
+    held = _records.get(name)
+    if held is None or not held.own:
+        _records[name] = Record(data=_MARKER, own=True)
+
+
+def trace_count(records: dict[str, Any]) -> int:
+    """How many of ``records`` are kept traces (the rest are markers)."""
+    return sum(not name.startswith(MARKER_PREFIX) for name in records)
 
 
 def _folders() -> tuple[str, str]:
