@@ -5,7 +5,9 @@ own with ``block.compile(backend="inductor")`` (regional compilation, as torchtu
 one thread, every sample a fresh process with a fresh inductor cache:
 
 * ``two_tensor_lora``: LayerNorm -> frozen TwoTensor weight + rank-8 LoRA -> tanh -> residual, D=64;
-* ``nf4_lora``: the same with a frozen torchao NF4 base (skipped with the reason without torchao).
+* ``nf4_lora``: the same with a frozen torchao NF4 base (skipped with the reason without torchao);
+* ``two_tensor_trainable``: the TwoTensor block with its TwoTensor weight *trainable* and TwoTensor activations
+  (the input is a TwoTensor), so every block's weight gradient is rebuilt as a subclass (issue 62).
 
 Modes: ``compile`` (compile-only: compiled blocks, eager autograd), ``stock`` (stock compiled autograd),
 ``subclass_ca`` (``enable()``: regional pieces, Note [Regional CA graphs]) and ``subclass_ca_whole``
@@ -39,7 +41,7 @@ __all__ = ["DepthBench", "MODES", "MODELS", "TARGETS", "bench", "block_class", "
            "plot", "settings_from_args", "to_json"]
 
 MODES: tuple[str, ...] = ("compile", "stock", "subclass_ca")
-MODELS: tuple[str, ...] = ("two_tensor_lora", "nf4_lora")
+MODELS: tuple[str, ...] = ("two_tensor_lora", "nf4_lora", "two_tensor_trainable")
 TARGETS: dict[str, str] = {
     "cold": "L = 32: subclass_ca cold first step <= 1.2x compile-only's (median ratio, every model)",
     "steady": "L = 32: subclass_ca steady step <= compile-only's (median ratio, every model)",
@@ -103,7 +105,7 @@ def block_class(model: str, dim: int) -> Any:
                 two_tensor = _compat.two_tensor_type()
                 assert two_tensor is not None, "this torch has no TwoTensor"
                 base = two_tensor(weight.clone(), weight * 0.5)
-            self.weight = nn.Parameter(base, requires_grad=False)
+            self.weight = nn.Parameter(base, requires_grad=model == "two_tensor_trainable")
             self.lora_a = nn.Parameter(torch.randn(8, dim) * 0.1)
             self.lora_b = nn.Parameter(torch.randn(dim, 8) * 0.1)
 
@@ -158,8 +160,16 @@ def sample(settings: dict[str, Any]) -> dict[str, Any]:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    def step(index: int) -> tuple[float, float]:
+    def inputs(index: int) -> torch.Tensor:
         x = torch.randn(settings["batch"], dim, generator=torch.Generator().manual_seed(index)).to(device)
+        if model_name == "two_tensor_trainable":  # TwoTensor activations through every block
+            two_tensor = _compat.two_tensor_type()
+            assert two_tensor is not None, "this torch has no TwoTensor"
+            return cast(torch.Tensor, two_tensor(x, x * 0.5))
+        return x
+
+    def step(index: int) -> tuple[float, float]:
+        x = inputs(index)
         synchronize()
         start = time.perf_counter()
         loss = model(x).sin().sum()
@@ -179,13 +189,14 @@ def sample(settings: dict[str, Any]) -> dict[str, Any]:
 
     cold_s, backward_start = step(0)
     capture_s = captured[0] - backward_start if captured else None
-    x = torch.randn(settings["batch"], dim, generator=torch.Generator().manual_seed(0)).to(device)
+    x = inputs(0)
     reference(x).sin().sum().backward()
     with torch.no_grad():
         for p in [p for p in reference.parameters() if p.requires_grad]:
             assert p.grad is not None  # the backward above reached every trainable parameter
             p.sub_(p.grad * 0.01)
-    diff = max(float((p - r).abs().max()) for p, r in zip(trainable, [p for p in reference.parameters() if p.requires_grad]))
+    diff = max(float((a - b).abs().max()) for p, r in zip(trainable, [p for p in reference.parameters() if p.requires_grad])
+               for a, b in zip(_parts(p), _parts(r)))
     for index in range(1, 4):
         step(index)
     steady = [step(index)[0] * 1e3 for index in range(4, 4 + settings["steady"])]
@@ -196,6 +207,15 @@ def sample(settings: dict[str, Any]) -> dict[str, Any]:
         "max_abs_diff": diff,
         "regional": {"pieces": report.regional_pieces, "compiles": report.regional_compiles} if report else None,
     }
+
+
+def _parts(tensor: Any) -> list[Any]:
+    """A tensor's plain parts (a wrapper subclass's inner tensors, recursively), for comparing values."""
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is None:
+        return [tensor.detach()]
+    names, _ = flatten()
+    return [part for name in names for part in _parts(getattr(tensor, name))]
 
 
 def _run_sample(settings: dict[str, Any], timeout_s: float = 900.0) -> dict[str, Any]:
