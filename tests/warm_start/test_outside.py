@@ -17,6 +17,7 @@ def empty(monkeypatch):
     """No remembered forward and no record held in this process (the cache folder is the test session's own)."""
     monkeypatch.setattr(outside, "_seen", collections.OrderedDict())
     monkeypatch.setattr(traced, "_records", {})
+    monkeypatch.setattr(traced, "_pending", {})  # recordings earlier tests of this worker left for save_cache()
 
 
 def _forward() -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
