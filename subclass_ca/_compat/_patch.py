@@ -25,7 +25,10 @@ its scope a gated replacement calls torch's original with the same arguments and
 its result, so torch behaves as stock (the parity suite's stock arm runs with the patches
 resident).  Entering a scope is one counter increment.  ``uninstall_resident()`` (what
 ``subclass_ca.reset()`` calls outside every block) restores each attribute to the
-identical (``is``) object torch had, and a later block installs again.
+identical (``is``) object torch had, and a later block installs again.  One resident set is
+installed at import instead and acts outside blocks too: the AOTAutogradCache key wrapper
+(``_runtime.KEY_PATCHES``), which leaves torch's key alone except for a forward a cache this user
+saved names (Note [Forwards compiled outside a block] in ``subclass_ca/_warm_start/outside.py``).
 """
 
 from __future__ import annotations
