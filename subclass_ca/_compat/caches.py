@@ -162,13 +162,9 @@ def forward_has_subclass_inputs(forward_cls: Any) -> bool:
 
 def forward_cache_key(forward_cls: Any) -> str | None:
     """The AOTAutogradCache key a forward's entry would be written under (None: none, or unknown)."""
-    impl = getattr(forward_cls, "_backward_impl", None)
-    for cell in getattr(impl, "__closure__", None) or ():
-        compiler = cell.cell_contents
-        if type(compiler).__name__ == "_AutogradBackwardCompiler":
-            key = getattr(getattr(getattr(compiler, "aot_config", None), "cache_info", None), "cache_key", None)
-            return key if isinstance(key, str) else None
-    return None
+    compiler = _backward_compiler(forward_cls)
+    key = getattr(getattr(getattr(compiler, "aot_config", None), "cache_info", None), "cache_key", None)
+    return key if isinstance(key, str) else None
 
 
 def marked_cacheable_supported() -> bool:
@@ -213,6 +209,7 @@ def aot_forward_class(ctx: Any) -> Any:
 
 
 def _backward_compiler(forward_cls: Any) -> Any:
+    """AOT's lazy backward compiler of an AOT function (its ``_backward_impl`` closes over it), or None."""
     impl = getattr(forward_cls, "_backward_impl", None)
     for cell in getattr(impl, "__closure__", None) or ():
         compiler = cell.cell_contents
@@ -221,14 +218,23 @@ def _backward_compiler(forward_cls: Any) -> Any:
     return None
 
 
+def _pending_compiler(forward_cls: Any) -> Any:
+    """The backward compiler of an AOT function whose forward entry is still unwritten (its backward never compiled,
+    the entry cacheable), or None (compiled already, loaded from the cache, or not cacheable)."""
+    compiler = _backward_compiler(forward_cls)
+    if compiler is None or not hasattr(compiler, "get_or_compile"):
+        return None
+    if compiler.compiled_bw is not None or compiler.try_save_cache_entry is None:
+        return None
+    return compiler
+
+
 def rekey_pending_forward(forward_cls: Any, key: str) -> bool:
     """Make the entry a forward's pending backward compile writes (:func:`pending_forward_entry`) go under ``key``;
     False where there is none to rekey (compiled already, loaded from the cache, not cacheable)."""
-    compiler = _backward_compiler(forward_cls)
+    compiler = _pending_compiler(forward_cls)
     info = getattr(getattr(compiler, "aot_config", None), "cache_info", None)
-    if compiler is None or info is None or not isinstance(getattr(info, "cache_key", None), str):
-        return False
-    if getattr(compiler, "compiled_bw", None) is not None or getattr(compiler, "try_save_cache_entry", None) is None:
+    if info is None or not isinstance(getattr(info, "cache_key", None), str):
         return False
     info.cache_key = key  # read when the entry is written (try_save_cache_entry reads aot_config.cache_info)
     return True
@@ -242,14 +248,10 @@ def pending_forward_entry(forward_cls: Any) -> Callable[[], Any] | None:
     is pasted into the CA graph.  Compiling it through AOT's own lazy compiler writes the entry.
     None when there is nothing to do (compiled already, loaded from the cache, or not cacheable).
     """
-    impl = getattr(forward_cls, "_backward_impl", None)
-    for cell in getattr(impl, "__closure__", None) or ():
-        compiler = cell.cell_contents
-        if type(compiler).__name__ == "_AutogradBackwardCompiler" and hasattr(compiler, "get_or_compile"):
-            if compiler.compiled_bw is not None or compiler.try_save_cache_entry is None:
-                return None
-            return lambda: compiler.get_or_compile(saved_tensors_use_once=False)
-    return None
+    compiler = _pending_compiler(forward_cls)
+    if compiler is None:
+        return None
+    return lambda: compiler.get_or_compile(saved_tensors_use_once=False)
 
 
 def cache_counters() -> dict[str, int]:

@@ -39,10 +39,14 @@ _MB = 1024 * 1024
 def is_reducer_hook(hook: Any) -> bool:
     """A post-accumulate-grad hook DDP's Python reducer registered: it all-reduces ``.grad`` and never writes the
     parameter (a ``functools.partial`` of a function defined in DDP's module)."""
-    function = hook
-    while isinstance(function, functools.partial):
-        function = function.func
-    return getattr(function, "__module__", None) == _DDP_MODULE
+    return getattr(_hook_function(hook), "__module__", None) == _DDP_MODULE
+
+
+def _hook_function(hook: Any) -> Any:
+    """The function a hook calls, under any ``functools.partial`` (DDP's reducer binds the parameter's index so)."""
+    while isinstance(hook, functools.partial):
+        hook = hook.func
+    return hook
 
 
 def reducer_module(hook: Any) -> Any:
@@ -51,9 +55,7 @@ def reducer_module(hook: Any) -> Any:
     (Note [Bucketing the Python reducer's all-reduces] in ``subclass_ca/_ddp.py``)."""
     if not is_reducer_hook(hook):
         return None
-    function = hook
-    while isinstance(function, functools.partial):
-        function = function.func
+    function = _hook_function(hook)
     try:
         ddp = lookup(DDP_CLASS)
     except (ImportError, AttributeError):
