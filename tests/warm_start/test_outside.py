@@ -4,20 +4,21 @@ marker this user signed names it; the fresh-process restarts are in tests/test_c
 from __future__ import annotations
 
 import collections
+import os
 
 import pytest
 import torch
 
+import subclass_ca
 from subclass_ca._warm_start import keys, outside, traced
 from subclass_ca.testing.subclasses import PairTensor
 
 
 @pytest.fixture
-def empty(monkeypatch):
-    """No remembered forward and no record held in this process (the cache folder is the test session's own)."""
+def empty(monkeypatch, cache_folder):
+    """No remembered forward, no record held in this process, an empty cache folder of this user's."""
     monkeypatch.setattr(outside, "_seen", collections.OrderedDict())
-    monkeypatch.setattr(traced, "_records", {})
-    monkeypatch.setattr(traced, "_pending", {})  # recordings earlier tests of this worker left for save_cache()
+    return cache_folder
 
 
 def _forward() -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
@@ -54,3 +55,18 @@ def test_a_marker_is_a_record_but_not_a_kept_trace(empty):
     traced.mark("a-torch-key")
     records = traced.signable_records(b"k" * 32)
     assert list(records) == [traced.MARKER_PREFIX + "a-torch-key"] and traced.trace_count(records) == 0
+
+
+def test_only_a_marker_this_user_signed_names_a_forward(empty, monkeypatch):
+    """A marker is read back as a kept trace is (Note [Trusting a compile cache]): one this user's key signed into the
+    folder names its forward in a later process; the same bytes planted unsigned beside it name nothing."""
+    traced.mark("a-torch-key")
+    assert traced.write_records() == 1
+    monkeypatch.setattr(traced, "_records", {})  # a later process: only the folder holds it
+    assert traced.marked("a-torch-key")
+    planted = os.path.join(traced.records_folder(), traced.MARKER_PREFIX + "planted-key")
+    with open(planted, "wb") as f:
+        f.write(traced._MARKER)
+    os.chmod(planted, 0o600)
+    with pytest.warns(subclass_ca.UntrustedCacheWarning, match="not signed with your key"):
+        assert not traced.marked("planted-key")
